@@ -1,0 +1,30 @@
+"""lightning_lmdb: pack an image folder into one LMDB file and serve it to PyTorch Lightning.
+
+Public names are imported lazily, so ``import lightning_lmdb`` stays cheap (builder worker processes
+and the CLI do not pay for importing torch until they need it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "build_lmdb": "lightning_lmdb.writer",
+    "BuildError": "lightning_lmdb.writer",
+    "StaleDatabaseError": "lightning_lmdb.writer",
+    "DatabaseError": "lightning_lmdb.format",
+    "ImageDecodeError": "lightning_lmdb.decode",
+    "verify_lmdb": "lightning_lmdb.verify",
+    "describe_lmdb": "lightning_lmdb.verify",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lightning_lmdb' has no attribute {name!r}")

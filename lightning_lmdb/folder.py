@@ -1,0 +1,135 @@
+"""Scan a source folder exactly like ``torchvision.datasets.ImageFolder``.
+
+Two layouts are accepted:
+
+* **ImageFolder layout** -- one subfolder per class. Classes, ``class_to_idx``, the file set and the
+  sample order come from torchvision's own ``find_classes`` / ``make_dataset`` /
+  ``IMG_EXTENSIONS``, so they equal ``ImageFolder`` on the same folder.
+* **Flat folder** -- images directly in the folder and no subfolders with images: samples without
+  labels (``classes == []``, every target ``-1``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension, make_dataset
+
+#: Target given to every sample of a flat (unlabelled) folder.
+NO_TARGET = -1
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One image file of a scanned source folder.
+
+    Attributes:
+        path: Absolute path of the file.
+        relpath: Path relative to the source root, with ``/`` separators.
+        target: Class index, or ``NO_TARGET`` for a flat folder.
+        size: File size in bytes at scan time.
+        mtime_ns: Modification time in nanoseconds at scan time.
+    """
+
+    path: str
+    relpath: str
+    target: int
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class SourceScan:
+    """The result of scanning a source folder.
+
+    Attributes:
+        root: The resolved source folder.
+        classes: Class names in index order (empty for a flat folder).
+        class_to_idx: Class name to index.
+        files: Samples in ImageFolder order.
+    """
+
+    root: Path
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    files: list[SourceFile]
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the file sizes."""
+        return sum(f.size for f in self.files)
+
+    def fingerprint(self, stop: int | None = None) -> str:
+        """A digest of relative paths, targets, sizes and mtimes of ``files[:stop]``.
+
+        Any file added, removed, renamed, relabelled or modified changes it.
+        """
+        return PrefixFingerprint(self.files).advance(len(self.files) if stop is None else stop)
+
+
+class PrefixFingerprint:
+    """Fingerprints of growing prefixes of a file list, computed incrementally (each file hashed once)."""
+
+    def __init__(self, files: list[SourceFile]):
+        self._files, self._done, self._digest = files, 0, hashlib.sha256()
+
+    def advance(self, stop: int) -> str:
+        """The fingerprint of ``files[:stop]``; ``stop`` must not decrease between calls."""
+        for f in self._files[self._done : stop]:
+            self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}\n".encode("utf-8", "surrogatepass"))
+        self._done = max(self._done, stop)
+        return self._digest.copy().hexdigest()
+
+
+def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
+    """Scan ``source`` as ImageFolder would (or as a flat folder of images).
+
+    Args:
+        source: The folder to scan.
+
+    Returns:
+        The classes and the files in ImageFolder order.
+
+    Raises:
+        FileNotFoundError: ``source`` does not exist or is not a folder.
+        ValueError: ``source`` holds no image with one of ``IMG_EXTENSIONS``.
+    """
+    root = Path(source).expanduser().resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"Source folder {str(source)!r} does not exist or is not a folder. Pass the folder that holds your images.")
+    try:
+        classes, class_to_idx = find_classes(root)
+    except FileNotFoundError:
+        classes, class_to_idx = [], {}
+    if classes:
+        try:
+            samples = make_dataset(root, class_to_idx, IMG_EXTENSIONS)
+        except FileNotFoundError as exc:
+            raise ValueError(
+                f"{exc} in {str(root)!r}. ImageFolder refuses such a folder too: add images to each class folder "
+                "or remove the empty ones."
+            ) from exc
+    else:
+        samples = sorted(
+            (entry.path, NO_TARGET)
+            for entry in os.scandir(root)
+            if entry.is_file() and has_file_allowed_extension(entry.name, IMG_EXTENSIONS)
+        )
+    if not samples:
+        raise ValueError(
+            f"No images found in {str(root)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in one "
+            "subfolder per class (ImageFolder layout) or directly in the folder. Check the path."
+        )
+    files = []
+    for path, target in samples:
+        try:
+            st = os.stat(path)
+            size, mtime_ns = st.st_size, st.st_mtime_ns
+        except OSError:  # e.g. a dangling symlink: the builder reports it when it fails to read it
+            size, mtime_ns = 0, 0
+        relpath = Path(path).relative_to(root).as_posix()
+        files.append(SourceFile(path=path, relpath=relpath, target=target, size=size, mtime_ns=mtime_ns))
+    return SourceScan(root=root, classes=list(classes), class_to_idx=dict(class_to_idx), files=files)

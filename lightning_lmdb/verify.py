@@ -1,0 +1,138 @@
+"""Read a database back: describe it (``info``) and check it record by record (``verify``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_lmdb import format as fmt
+from lightning_lmdb.decode import ImageDecodeError, decode_image
+from lightning_lmdb.folder import scan_folder
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of :func:`verify_lmdb`.
+
+    Attributes:
+        path: The database checked.
+        count: Records in the database.
+        checked: Records compared (checksum, and source when given).
+        problems: One line per mismatch; empty when everything matches.
+    """
+
+    path: Path
+    count: int
+    checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every check passed."""
+        return not self.problems
+
+
+def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Summarise a database: format, counts, classes, sizes, source and build options.
+
+    Raises:
+        FileNotFoundError, DatabaseError: As :func:`lightning_lmdb.format.open_env`.
+    """
+    env = fmt.open_env(path)
+    try:
+        meta = fmt.read_meta(env, path)
+    finally:
+        env.close()
+    size = Path(path).stat().st_size
+    source = meta["source"]
+    return {
+        "path": str(path),
+        "format_version": meta["version"],
+        "storage": meta["storage"],
+        "count": meta["count"],
+        "num_classes": len(meta["classes"]),
+        "classes": meta["classes"],
+        "file_bytes": size,
+        "source_root": source["root"],
+        "source_files": source["num_files"],
+        "source_bytes": source["bytes"],
+        "size_ratio": size / source["bytes"] if source["bytes"] else float("nan"),
+        "skipped": meta["skipped"],
+        "options": meta["options"],
+        "created": meta["created"],
+        "library_version": meta["library_version"],
+    }
+
+
+def verify_lmdb(path: str | os.PathLike[str], source: str | os.PathLike[str] | None = None) -> VerifyReport:
+    """Check every record against its stored checksum and, with ``source``, against the source files.
+
+    With a source folder, the file set must match (added or removed files are reported) and each
+    record must equal its file: the same bytes for ``encoded`` storage, the same decoded RGB pixels
+    for ``decoded`` storage.
+
+    Args:
+        path: The database file.
+        source: The folder it was built from, to compare byte for byte (optional).
+
+    Returns:
+        A report; ``report.ok`` is True only when everything matches.
+
+    Raises:
+        FileNotFoundError, DatabaseError: The database cannot be opened (see ``format.open_env``).
+    """
+    env = fmt.open_env(path)
+    try:
+        meta = fmt.read_meta(env, path)
+        report = VerifyReport(Path(path), meta["count"])
+        files = {}
+        if source is not None:
+            scan = scan_folder(source)
+            files = {f.relpath: f for f in scan.files}
+            stored = set(meta["paths"])
+            skipped = {s["path"] for s in meta["skipped"]}
+            report.problems += [f"{p}: in the source but not in the database" for p in sorted(files.keys() - stored - skipped)]
+            report.problems += [f"{p}: in the database but no longer in the source" for p in sorted(stored - files.keys())]
+        records = env.open_db(fmt.RECORDS_DB, create=False)
+        with env.begin(db=records, buffers=True) as txn:
+            entries = txn.stat(records)["entries"]
+            if entries != meta["count"]:
+                report.problems.append(f"the database holds {entries} records, its metadata says {meta['count']}")
+            for index, (relpath, expected) in enumerate(zip(meta["paths"], meta["checksums"])):
+                value = txn.get(fmt.record_key(index))
+                report.checked += 1
+                if value is None:
+                    report.problems.append(f"record {index} ({relpath}): missing")
+                    continue
+                if fmt.checksum(value) != expected:
+                    report.problems.append(f"record {index} ({relpath}): checksum mismatch, the database is damaged")
+                    continue
+                if relpath in files:
+                    problem = _compare_with_source(value, files[relpath].path, meta["storage"])
+                    if problem:
+                        report.problems.append(f"record {index} ({relpath}): {problem}")
+    finally:
+        env.close()
+    return report
+
+
+def _compare_with_source(value: memoryview, file_path: str, storage: str) -> str | None:
+    try:
+        with open(file_path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        return f"cannot read the source file ({exc})"
+    if storage == "encoded":
+        return None if value == data else "differs from the source file (the file was modified after the build)"
+    try:
+        pixels = np.asarray(decode_image(data, max_pixels=None, name=file_path))
+    except ImageDecodeError as exc:
+        return f"the source file no longer decodes ({exc})"
+    stored = fmt.decode_pixels(value)
+    if stored.shape != pixels.shape or not np.array_equal(stored, pixels):
+        return "decoded pixels differ from the source file (the file was modified after the build)"
+    return None

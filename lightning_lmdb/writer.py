@@ -1,0 +1,427 @@
+"""Build a lightning_lmdb database from an image folder.
+
+A pool of processes reads and fully decodes every file (so training never meets a corrupt image);
+one writer appends records in batched transactions into ``TARGET.partial`` and records its progress
+in the same transactions. The metadata is written in the final transaction, then the file is renamed
+onto ``TARGET``. A crash at any moment leaves either the old target or nothing at ``TARGET``, and a
+rerun resumes from the last committed batch. A file lock beside the target makes concurrent builders
+produce one build: the others wait and then find it up to date.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+from tqdm import tqdm
+
+from lightning_lmdb import format as fmt
+from lightning_lmdb.decode import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
+from lightning_lmdb.folder import PrefixFingerprint, SourceScan, scan_folder
+
+log = logging.getLogger(__name__)
+
+ON_ERROR = ("raise", "skip")
+ON_STALE = ("rebuild", "error", "ignore")
+_BATCH_BYTES = 64 << 20
+_MIN_MAP_SIZE = 16 << 20
+
+
+class BuildError(ValueError):
+    """A source file could not be packed (with ``on_error="raise"``)."""
+
+
+class StaleDatabaseError(fmt.DatabaseError):
+    """The target was built from a source that has changed since (with ``on_stale="error"``)."""
+
+
+@dataclass
+class BuildReport:
+    """What a call to :func:`build` did.
+
+    Attributes:
+        path: The finished database.
+        action: ``"built"``, ``"resumed"`` or ``"up-to-date"``.
+        records_written: Records committed by this call (0 when up to date).
+        count: Records in the database.
+        skipped: Files left out, as ``{"path", "reason"}``.
+        seconds: Wall time of this call.
+    """
+
+    path: Path
+    action: str
+    records_written: int
+    count: int
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def build_lmdb(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    *,
+    storage: str = "encoded",
+    workers: int | None = None,
+    on_error: str = "raise",
+    overwrite: bool = False,
+    on_stale: str = "rebuild",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    commit_every: int = 1000,
+    progress: bool = True,
+) -> Path:
+    """Pack an image folder into one LMDB file, or return at once if it is already up to date.
+
+    Args:
+        source: A folder in ImageFolder layout (one subfolder per class) or a flat folder of images.
+        target: The database file to create, e.g. ``data/train.lmdb``. Must not lie inside ``source``.
+        storage: ``"encoded"`` keeps each file's original bytes; ``"decoded"`` stores RGB pixels so
+            reading needs no decode (larger file, no decode cost at training time).
+        workers: Reader/decoder processes; ``None`` for one per available core, ``0`` to read in this
+            process.
+        on_error: ``"raise"`` stops at the first bad file with an error naming it; ``"skip"`` leaves
+            bad files out, records them in the metadata and logs a summary.
+        overwrite: Rebuild even if the existing database is up to date.
+        on_stale: When the source changed since the target was built: ``"rebuild"`` it, ``"error"``
+            refuse, or ``"ignore"`` use the existing database without scanning the source.
+        max_pixels: Refuse images with more pixels (decompression bombs); ``None`` for no limit.
+        commit_every: Records per write transaction (the most work a crash can lose).
+        progress: Show a progress bar with images/s and MB/s.
+
+    Returns:
+        The path of the finished database.
+    """
+    return build(
+        source, target, storage=storage, workers=workers, on_error=on_error, overwrite=overwrite,
+        on_stale=on_stale, max_pixels=max_pixels, commit_every=commit_every, progress=progress,
+    ).path
+
+
+def build(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    *,
+    storage: str = "encoded",
+    workers: int | None = None,
+    on_error: str = "raise",
+    overwrite: bool = False,
+    on_stale: str = "rebuild",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    commit_every: int = 1000,
+    progress: bool = True,
+) -> BuildReport:
+    """Like :func:`build_lmdb`, returning a :class:`BuildReport` of what was done."""
+    started = time.perf_counter()
+    _check_choice("storage", storage, fmt.STORAGES)
+    _check_choice("on_error", on_error, ON_ERROR)
+    _check_choice("on_stale", on_stale, ON_STALE)
+    if workers is not None and workers < 0:
+        raise ValueError(f"workers={workers} must be >= 0 (0 reads in this process, None uses every core).")
+    if commit_every < 1:
+        raise ValueError(f"commit_every={commit_every} must be >= 1.")
+    source_root = Path(source).expanduser().resolve()
+    target = Path(target).expanduser().absolute()
+    if target.resolve() == source_root or target.resolve().is_relative_to(source_root):
+        raise ValueError(f"Target {str(target)!r} lies inside the source {str(source_root)!r}; put the database outside the image folder.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    options = {"storage": storage, "max_pixels": max_pixels}  # what shapes the contents
+
+    if on_stale == "ignore" and not overwrite:
+        meta = _existing_meta(target)
+        if meta is not None:
+            return BuildReport(target, "up-to-date", 0, meta["count"], meta["skipped"], time.perf_counter() - started)
+    scan = scan_folder(source_root)
+    with _build_lock(target):
+        meta = _existing_meta(target)
+        if meta is not None and not overwrite:
+            if on_stale == "ignore" or _is_current(meta, scan, options):
+                return BuildReport(target, "up-to-date", 0, meta["count"], meta["skipped"], time.perf_counter() - started)
+            if on_stale == "error":
+                raise StaleDatabaseError(_stale_message(target, meta, scan, options))
+            log.info("%s", _stale_message(target, meta, scan, options).split(". ")[0] + "; rebuilding it.")
+        workers = _default_workers() if workers is None else workers
+        report = _Writer(scan, target, options, on_error, workers, commit_every, progress).run()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}.")
+
+
+def _default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _existing_meta(target: Path) -> dict[str, Any] | None:
+    """Metadata of a finished database at ``target``, ``None`` if nothing is there."""
+    if not target.exists():
+        return None
+    try:
+        env = fmt.open_env(target)
+    except fmt.DatabaseError as exc:
+        raise FileExistsError(
+            f"{str(target)!r} exists and is not a usable lightning_lmdb database ({exc}). "
+            "It is left untouched: remove it yourself or choose another target."
+        ) from exc
+    try:
+        return fmt.read_meta(env, target)
+    finally:
+        env.close()
+
+
+def _is_current(meta: dict[str, Any], scan: SourceScan, options: dict[str, Any]) -> bool:
+    return meta["source"]["fingerprint"] == scan.fingerprint() and _same_options(meta, options)
+
+
+def _same_options(meta: dict[str, Any], options: dict[str, Any]) -> bool:
+    return {key: meta["options"].get(key) for key in options} == options
+
+
+def _stale_message(target: Path, meta: dict[str, Any], scan: SourceScan, options: dict[str, Any]) -> str:
+    if not _same_options(meta, options):
+        what = f"with other options ({meta['options']} vs {options})"
+    else:
+        old = set(meta["paths"]) | {s["path"] for s in meta["skipped"]}
+        new = {f.relpath for f in scan.files}
+        what = f"from a source that changed since ({len(new - old)} files added, {len(old - new)} removed, the rest modified or relabelled)"
+    return (
+        f"{str(target)!r} was built {what}. Rebuild it with on_stale='rebuild' (CLI: --on-stale rebuild), "
+        "or keep it as it is with on_stale='ignore'."
+    )
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``TARGET.build-lock`` (works across processes and, via NFS locks, nodes)."""
+    lock_path = fmt.build_lock_path(target)
+    with open(lock_path, "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("Another process is building %s; waiting for it to finish.", target)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_one(task: tuple[int, str, str, int | None]) -> tuple[int, bytes | None, str]:
+    """Read, fully decode and checksum one file (runs in a pool worker).
+
+    Returns:
+        ``(index, value, checksum)``, or ``(index, None, reason)`` for a bad file.
+    """
+    index, path, storage, max_pixels = task
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        return index, None, f"cannot read the file ({exc.strerror or exc}). Check its permissions."
+    try:
+        image = decode_image(data, max_pixels=max_pixels, name=path)
+    except ImageDecodeError as exc:
+        return index, None, exc.reason
+    value = fmt.encode_pixels(np.asarray(image)) if storage == "decoded" else data
+    return index, value, fmt.checksum(value)
+
+
+class _Writer:
+    """One build of ``scan`` into ``target``: resume or start the partial file, fill it, finish it."""
+
+    def __init__(
+        self, scan: SourceScan, target: Path, options: dict[str, Any], on_error: str, workers: int, commit_every: int, progress: bool
+    ):
+        self.scan, self.target, self.options, self.on_error = scan, target, options, on_error
+        self.workers, self.commit_every, self.progress = workers, commit_every, progress
+        self.partial = fmt.partial_path(target)
+        self.prefix = PrefixFingerprint(scan.files)
+        self.written = 0
+
+    def run(self) -> BuildReport:
+        env, consumed, skipped = self._open_partial()
+        try:
+            dbs = (env.open_db(fmt.RECORDS_DB), env.open_db(fmt.CHECKSUMS_DB))
+            action = "resumed" if consumed else "built"
+            self._fill(env, dbs, consumed, skipped)
+            count = self._finish(env, dbs, skipped)
+        finally:
+            env.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(str(self.partial) + "-lock")
+        os.replace(self.partial, self.target)
+        _fsync_dir(self.target.parent)
+        if skipped:
+            log.warning("Skipped %d bad files while building %s:\n%s", len(skipped), self.target,
+                        "\n".join(f"  {s['path']}: {s['reason']}" for s in skipped))
+        return BuildReport(self.target, action, self.written, count, skipped)
+
+    def _open_partial(self) -> tuple[lmdb.Environment, int, list[dict[str, str]]]:
+        """Open ``TARGET.partial``, resuming it when it was started on the same source prefix and options."""
+        if self.partial.exists():
+            try:
+                env = self._open_env(max(self._initial_map_size(), 2 * self.partial.stat().st_size))
+                with env.begin() as txn:
+                    raw = txn.get(fmt.PROGRESS_KEY)
+                state = json.loads(bytes(raw)) if raw is not None else None
+                if (
+                    state is not None
+                    and state["options"] == self.options
+                    and 0 < state["consumed"] <= len(self.scan.files)
+                    and state["prefix"] == self.scan.fingerprint(state["consumed"])
+                ):
+                    log.info("Resuming the build of %s after %d of %d files.", self.target, state["consumed"], len(self.scan.files))
+                    return env, state["consumed"], state["skipped"]
+                env.close()
+            except (lmdb.Error, ValueError, KeyError, TypeError):
+                pass
+            log.info("Discarding %s: it belongs to another source or options.", self.partial)
+            self.partial.unlink()
+        return self._open_env(self._initial_map_size()), 0, []
+
+    def _initial_map_size(self) -> int:
+        # Start from the source size; a decoded build is larger and grows by doubling on MapFullError.
+        return max(_MIN_MAP_SIZE, int(self.scan.total_bytes * 1.25))
+
+    def _open_env(self, map_size: int) -> lmdb.Environment:
+        return lmdb.open(str(self.partial), subdir=False, map_size=map_size, max_dbs=3, readahead=False, meminit=False)
+
+    def _fill(self, env: lmdb.Environment, dbs: tuple[Any, Any], consumed: int, skipped: list[dict[str, str]]) -> None:
+        files = self.scan.files
+        tasks = [(i, files[i].path, self.options["storage"], self.options["max_pixels"]) for i in range(consumed, len(files))]
+        with env.begin() as txn:
+            next_record = txn.stat(dbs[0])["entries"]
+        batch: list[tuple[bytes, bytes, str]] = []
+        batch_bytes = 0
+        bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress, dynamic_ncols=True)
+        started, nbytes = time.perf_counter(), 0
+        with self._results(tasks) as results:
+            for index, value, digest in results:
+                if value is None:  # a bad file: the third field is the reason
+                    error = digest
+                    if self.on_error == "raise":
+                        self._commit(env, dbs, batch, index, skipped)
+                        bar.close()
+                        raise BuildError(
+                            f"{files[index].path}: {error}\nNothing was lost: the {index} files before it are committed and a rerun resumes there. "
+                            "Fix or remove the file, or build with on_error='skip' (CLI: --on-error skip) to leave bad files out."
+                        )
+                    skipped.append({"path": files[index].relpath, "reason": error})
+                else:
+                    batch.append((fmt.record_key(next_record), value, digest))
+                    next_record += 1
+                    batch_bytes += len(value)
+                    nbytes += len(value)
+                bar.update(1)
+                if len(batch) >= self.commit_every or batch_bytes >= _BATCH_BYTES:
+                    self._commit(env, dbs, batch, index + 1, skipped)
+                    batch, batch_bytes = [], 0
+                    elapsed = max(time.perf_counter() - started, 1e-9)
+                    bar.set_postfix_str(f"{nbytes / elapsed / 1e6:.1f} MB/s")
+        self._commit(env, dbs, batch, len(files), skipped)
+        bar.close()
+
+    @contextlib.contextmanager
+    def _results(self, tasks: list[tuple[int, str, str, int | None]]) -> Iterator[Iterator[tuple[int, bytes | None, str]]]:
+        if self.workers == 0 or len(tasks) < 2:
+            yield map(_read_one, tasks)
+            return
+        # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image.
+        chunksize = max(1, min(64, len(tasks) // (4 * self.workers)))
+        with multiprocessing.get_context().Pool(self.workers) as pool:
+            yield pool.imap(_read_one, tasks, chunksize=chunksize)
+
+    def _commit(
+        self, env: lmdb.Environment, dbs: tuple[Any, Any], batch: list[tuple[bytes, bytes, str]], consumed: int, skipped: list[dict[str, str]]
+    ) -> None:
+        state = {"consumed": consumed, "prefix": self.prefix.advance(consumed), "options": self.options, "skipped": skipped}
+        records, checksums = dbs
+
+        def write(txn: lmdb.Transaction) -> None:
+            for key, value, digest in batch:
+                txn.put(key, value, db=records, append=True)
+                txn.put(key, digest.encode(), db=checksums, append=True)
+            txn.put(fmt.PROGRESS_KEY, fmt.dump_json(state))
+
+        _write_growing(env, write)
+        self.written += len(batch)
+
+    def _finish(self, env: lmdb.Environment, dbs: tuple[Any, Any], skipped: list[dict[str, str]]) -> int:
+        skipped_paths = {s["path"] for s in skipped}
+        kept = [f for f in self.scan.files if f.relpath not in skipped_paths]
+        records, checksum_db = dbs
+        with env.begin() as txn:
+            entries = txn.stat(records)["entries"]
+            checksums = [bytes(digest).decode() for _, digest in txn.cursor(db=checksum_db)]
+        if not entries == len(checksums) == len(kept):
+            raise fmt.DatabaseError(f"{self.partial} holds {entries} records but {len(kept)} were expected; delete it and build again.")
+        if not kept:
+            raise BuildError(f"Every image in {str(self.scan.root)!r} was skipped as unreadable; nothing to build. See the reasons above.")
+        from lightning_lmdb import __version__
+
+        meta = {
+            "format": fmt.FORMAT_NAME,
+            "version": fmt.FORMAT_VERSION,
+            "count": len(kept),
+            "storage": self.options["storage"],
+            "classes": self.scan.classes,
+            "class_to_idx": self.scan.class_to_idx,
+            "targets": [f.target for f in kept],
+            "paths": [f.relpath for f in kept],
+            "checksum": fmt.CHECKSUM_ALGO,
+            "checksums": checksums,
+            "source": {
+                "root": str(self.scan.root),
+                "num_files": len(self.scan.files),
+                "bytes": self.scan.total_bytes,
+                "fingerprint": self.scan.fingerprint(),
+            },
+            "options": {**self.options, "on_error": self.on_error},
+            "skipped": skipped,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "library_version": __version__,
+        }
+
+        def write(txn: lmdb.Transaction) -> None:
+            txn.put(fmt.META_KEY, fmt.dump_json(meta))
+            txn.delete(fmt.PROGRESS_KEY)
+            txn.drop(checksum_db, delete=True)
+
+        _write_growing(env, write)
+        env.sync(True)
+        return len(kept)
+
+
+def _write_growing(env: lmdb.Environment, write: Any) -> None:
+    """Run ``write(txn)`` in one write transaction, doubling the map size on ``MapFullError``."""
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                write(txn)
+            return
+        except lmdb.MapFullError:
+            env.set_mapsize(env.info()["map_size"] * 2)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
