@@ -19,6 +19,9 @@ _EXPORTS = {
     "ImageDecodeError": "lightning_lmdb.decode",
     "verify_lmdb": "lightning_lmdb.verify",
     "describe_lmdb": "lightning_lmdb.verify",
+    "LMDBImageDataset": "lightning_lmdb.dataset",
+    "RawImageDataset": "lightning_lmdb.dataset",
+    "LMDBDataModule": "lightning_lmdb.datamodule",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,4 +1,4 @@
-"""The ``lightning-lmdb`` command: build | info | verify."""
+"""The ``lightning-lmdb`` command: build | info | verify | bench."""
 
 from __future__ import annotations
 
@@ -60,9 +60,18 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from lightning_lmdb.bench import run_read_benchmark
+
+    run_read_benchmark(
+        args.source, args.target, passes=args.passes, limit=args.limit, workers=args.workers, decode=args.decode, seed=args.seed
+    )
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lightning-lmdb``."""
-    parser = argparse.ArgumentParser(prog="lightning-lmdb", description="Pack image folders into one LMDB file, inspect and verify it.")
+    parser = argparse.ArgumentParser(prog="lightning-lmdb", description="Pack image folders into one LMDB file; inspect, verify, benchmark it.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout or flat folder) into the LMDB file TARGET")
@@ -88,6 +97,16 @@ def make_parser() -> argparse.ArgumentParser:
     verify.add_argument("--source", default=None, help="compare with the source folder byte for byte")
     verify.add_argument("--max-problems", type=int, default=50, help="problems to print")
     verify.set_defaults(func=_verify)
+
+    bench = sub.add_parser("bench", help="time shuffled reads of raw files vs the LMDB file, cold and warm page cache")
+    bench.add_argument("source")
+    bench.add_argument("target", help="the database (built from SOURCE first if missing or stale)")
+    bench.add_argument("--passes", type=int, default=2, help="repetitions; the median is reported")
+    bench.add_argument("--limit", type=int, default=None, help="samples per pass (default: every record)")
+    bench.add_argument("--workers", type=int, default=None, help="build processes if a build is needed")
+    bench.add_argument("--decode", action="store_true", help="also decode every sample to RGB")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the shuffled order")
+    bench.set_defaults(func=_bench)
 
     return parser
 

@@ -101,12 +101,14 @@ def build_lock_path(target: Path) -> Path:
     return target.with_name(target.name + ".build-lock")
 
 
-def open_env(path: str | os.PathLike[str], *, readahead: bool = True) -> lmdb.Environment:
+def open_env(path: str | os.PathLike[str], *, readahead: bool = True, validate_meta: bool = True) -> lmdb.Environment:
     """Open a finished database read-only after checking it is whole and ours.
 
     Args:
         path: The database file.
         readahead: Let the OS read ahead on page faults (see ``dataset.py`` for when to turn it off).
+        validate_meta: Parse and check the metadata; ``False`` skips that (large) parse when the caller
+            already validated this file, keeping only the cheap truncation check.
 
     Returns:
         An open read-only environment with no lock file (``lock=False``).
@@ -134,7 +136,8 @@ def open_env(path: str | os.PathLike[str], *, readahead: bool = True) -> lmdb.En
         raise DatabaseError(f"{str(path)!r} is not an LMDB file ({exc}). Point at a file made by lightning-lmdb build.") from exc
     try:
         _check_not_truncated(env, path)
-        read_meta(env, path)
+        if validate_meta:
+            read_meta(env, path)
     except BaseException:
         env.close()
         raise

@@ -1,0 +1,225 @@
+"""Read benchmark: raw files against the LMDB file, cold and warm page cache, in one process.
+
+Three storages are read in the same shuffled order (a seeded permutation of every record, as a
+training epoch with ``shuffle=True`` does):
+
+* ``raw``: ``open`` + ``read`` of each source file (what ``ImageFolder`` pays per sample);
+* ``lmdb readahead=on``: ``txn.get`` from the database opened with ``readahead=True`` (our default);
+* ``lmdb readahead=off``: the same with ``readahead=False``, the flag most recipes copy.
+
+each in two regimes:
+
+* ``cold``: right before the pass every environment is closed and the source files and the database
+  are evicted from the page cache (:mod:`lightning_lmdb.cache`); the eviction is then measured with
+  ``mincore`` and a warning is printed if pages survived. Inodes and directory entries stay cached
+  (see :mod:`lightning_lmdb.cache`), which flatters raw files.
+* ``warm``: a second pass right after the cold one, everything cached.
+
+Each repetition runs every storage once, cold then warm, and rotates the storage order so no storage
+always goes first or last; the reported time is the median over repetitions. Opening the database
+(which reads its metadata) is not timed: a loader does it once per process, not per sample.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from lightning_lmdb import format as fmt
+from lightning_lmdb.cache import evict, resident_fraction
+from lightning_lmdb.decode import decode_image, record_to_image
+
+#: (name, readahead) of the storages measured; ``None`` means raw files.
+STORAGES: tuple[tuple[str, bool | None], ...] = (("raw", None), ("lmdb readahead=on", True), ("lmdb readahead=off", False))
+REGIMES = ("cold", "warm")
+#: Eviction counts as failed when more than this fraction of a file stays cached.
+EVICTED_MAX = 0.05
+_RESIDENT_SAMPLE = 64
+
+
+def run_read_benchmark(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    *,
+    passes: int = 2,
+    limit: int | None = None,
+    workers: int | None = None,
+    decode: bool = False,
+    seed: int = 0,
+    out: Callable[[str], Any] = print,
+) -> list[dict[str, Any]]:
+    """Measure shuffled reads of raw files and of the LMDB file, cold and warm, and print a table.
+
+    Args:
+        source: The image folder.
+        target: The database built from it; built first (quietly) if missing or stale. An existing
+            database keeps its storage (``encoded`` or ``decoded``).
+        passes: Repetitions of the whole schedule; each row reports the median.
+        limit: Read only the first ``limit`` records of the shuffled order (``None``: all).
+        workers: Build processes, if a build is needed (``None``: one per core). Reads are measured
+            in this one process.
+        decode: Also decode every sample to an RGB image (raw files and ``encoded`` records through
+            :func:`~lightning_lmdb.decode.decode_image`), the realistic per-sample cost.
+        seed: Seed of the shuffled order.
+        out: Where the table and warnings go (``print`` by default).
+
+    Returns:
+        One dict per (storage, regime), with ``storage``, ``regime``, ``samples``, ``seconds``
+        (median), ``samples_per_s``, ``mb_per_s``, ``vs_raw`` (samples/s over raw files' in the same
+        regime), ``resident_before`` (for cold rows: the largest page-cache fraction measured after
+        eviction, else ``None``), ``evicted`` (``True``/``False`` for cold rows) and ``pass_seconds``.
+
+    Raises:
+        ValueError: ``passes`` < 1 or ``limit`` < 1.
+        FileNotFoundError: Missing source, or a source file listed in the database is gone.
+    """
+    from lightning_lmdb.writer import build_lmdb
+
+    if passes < 1:
+        raise ValueError(f"passes={passes} must be >= 1.")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit={limit} must be >= 1 (or None for every record).")
+    source_root = Path(source).expanduser().resolve()
+    target = Path(target).expanduser().absolute()
+    storage = _existing_storage(target)
+    build_lmdb(source_root, target, storage=storage, workers=workers, progress=False)
+    env = fmt.open_env(target)
+    try:
+        meta = fmt.read_meta(env, target)
+    finally:
+        env.close()
+    storage = meta["storage"]
+    order = list(range(meta["count"]))
+    random.Random(seed).shuffle(order)
+    order = order[:limit]
+    raw_paths = [str(source_root / p) for p in meta["paths"]]
+    files = [raw_paths[i] for i in order]
+    sample = random.Random(seed + 1).sample(raw_paths, min(_RESIDENT_SAMPLE, len(raw_paths)))
+
+    times: dict[tuple[str, str], list[float]] = {(name, regime): [] for name, _ in STORAGES for regime in REGIMES}
+    nbytes: dict[str, int] = {}
+    resident: dict[str, list[float]] = {name: [] for name, _ in STORAGES}
+    for rep in range(passes):
+        shift = rep % len(STORAGES)
+        for name, readahead in STORAGES[shift:] + STORAGES[:shift]:
+            evict([*raw_paths, target], sync=rep == 0)
+            fractions = {"lmdb": resident_fraction(target), "raw": max(resident_fraction(p) for p in sample)}
+            worst = fractions["raw"] if readahead is None else fractions["lmdb"]
+            resident[name].append(worst)
+            if worst > EVICTED_MAX:
+                out(
+                    f"warning: eviction failed before the cold {name} pass: {worst:.0%} of "
+                    f"{'a sampled source file' if readahead is None else target.name} still cached "
+                    "(tmpfs or a filesystem ignoring fadvise, or another process maps it); its cold numbers are warm."
+                )
+            for regime in REGIMES:
+                seconds, size = _pass(name, readahead, files, target, order, storage, decode)
+                times[name, regime].append(seconds)
+                nbytes[name] = size
+
+    rows = []
+    for regime in REGIMES:
+        raw_rate = None
+        for name, _ in STORAGES:
+            seconds = statistics.median(times[name, regime])
+            rate = len(order) / seconds
+            raw_rate = rate if raw_rate is None else raw_rate
+            rows.append({
+                "storage": name,
+                "regime": regime,
+                "samples": len(order),
+                "seconds": seconds,
+                "samples_per_s": rate,
+                "mb_per_s": nbytes[name] / seconds / 1e6,
+                "vs_raw": rate / raw_rate,
+                "resident_before": max(resident[name]) if regime == "cold" else None,
+                "evicted": max(resident[name]) <= EVICTED_MAX if regime == "cold" else None,
+                "pass_seconds": times[name, regime],
+            })
+    _print_table(rows, out, meta=meta, target=target, passes=passes, decode=decode, storage=storage)
+    return rows
+
+
+def _existing_storage(target: Path) -> str:
+    """The storage of an existing finished database at ``target`` (so it is not rebuilt), else ``encoded``."""
+    try:
+        env = fmt.open_env(target)
+    except (FileNotFoundError, fmt.DatabaseError):
+        return "encoded"
+    try:
+        return fmt.read_meta(env, target)["storage"]
+    finally:
+        env.close()
+
+
+def _pass(
+    name: str, readahead: bool | None, files: Sequence[str], target: Path, order: Sequence[int], storage: str, decode: bool
+) -> tuple[float, int]:
+    """One timed pass over the samples; returns (seconds, bytes read)."""
+    total = 0
+    if readahead is None:
+        started = time.perf_counter()
+        for path in files:
+            with open(path, "rb") as f:
+                data = f.read()
+            total += len(data)
+            if decode:
+                decode_image(data, max_pixels=None, name=path)
+        return time.perf_counter() - started, total
+    env = fmt.open_env(target, readahead=readahead)
+    try:
+        records = env.open_db(fmt.RECORDS_DB, create=False)
+        with env.begin(db=records) as txn:
+            started = time.perf_counter()
+            for index in order:
+                key = fmt.record_key(index)
+                value = txn.get(key)  # a bytes copy out of the map
+                if value is None:
+                    raise fmt.DatabaseError(f"{str(target)!r} has no record {key.decode()}: the database is damaged; rebuild it.")
+                total += len(value)
+                if decode:
+                    record_to_image(value, storage, name=f"{target.name}[{index}]")
+            seconds = time.perf_counter() - started
+    except lmdb.Error as exc:
+        raise fmt.DatabaseError(f"Reading {str(target)!r} failed ({exc}): rebuild it.") from exc
+    finally:
+        env.close()  # before the next eviction: mapped pages cannot be evicted
+    return seconds, total
+
+
+def _print_table(
+    rows: list[dict[str, Any]], out: Callable[[str], Any], *, meta: dict[str, Any], target: Path, passes: int, decode: bool, storage: str
+) -> None:
+    src_mb = meta["source"]["bytes"] / 1e6
+    db_mb = target.stat().st_size / 1e6
+    work = "read + decode to RGB" if decode else "read bytes"
+    ra_kb = _read_ahead_kb(target)
+    out(
+        f"{rows[0]['samples']} of {meta['count']} records, shuffled; {work}; {storage} storage; "
+        f"source {src_mb:.1f} MB, database {db_mb:.1f} MB; median of {passes} pass(es); "
+        f"device read_ahead_kb={'?' if ra_kb is None else ra_kb}"
+    )
+    out(f"{'storage':<19} {'regime':<5} {'samples/s':>10} {'MB/s':>8} {'vs raw':>7} {'cached':>7}")
+    for r in rows:
+        cached = f"{r['resident_before']:.0%}" if r["resident_before"] is not None else "-"
+        out(f"{r['storage']:<19} {r['regime']:<5} {r['samples_per_s']:10.0f} {r['mb_per_s']:8.1f} {r['vs_raw']:6.2f}x {cached:>7}")
+    out("cached: page-cache fraction measured right after eviction, before the cold pass (worst over passes).")
+
+
+def _read_ahead_kb(path: Path) -> int | None:
+    """The kernel readahead window of the block device holding ``path`` (it sets what readahead=on gains)."""
+    dev = os.stat(path).st_dev
+    block = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    for queue in (block / "queue", block.resolve().parent / "queue"):  # a disk, or a partition of one
+        try:
+            return int((queue / "read_ahead_kb").read_text())
+        except (OSError, ValueError):
+            continue
+    return None

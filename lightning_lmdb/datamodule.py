@@ -1,0 +1,212 @@
+"""``LMDBDataModule``: build the databases once, serve them (or the raw files) with tuned loaders."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
+from lightning_lmdb.decode import DEFAULT_MAX_PIXELS
+from lightning_lmdb import transforms
+from lightning_lmdb.writer import build_lmdb
+
+BACKENDS = ("lmdb", "raw")
+SPLITS = ("train", "val", "test")
+
+
+def default_cache_dir() -> Path:
+    """``$LIGHTNING_LMDB_CACHE``, else ``$XDG_CACHE_HOME/lightning_lmdb``, else ``~/.cache/lightning_lmdb``."""
+    if os.environ.get("LIGHTNING_LMDB_CACHE"):
+        return Path(os.environ["LIGHTNING_LMDB_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "lightning_lmdb"
+
+
+class LMDBDataModule(pl.LightningDataModule):
+    """Image folders served to Lightning from LMDB files (``backend="lmdb"``) or from the files (``"raw"``).
+
+    Every setting but ``backend`` is shared, so ``raw`` vs ``lmdb`` is an A/B of storage alone.
+
+    Args:
+        train_dir: Training images (ImageFolder layout or a flat folder).
+        val_dir: Validation images; or leave ``None`` and set ``val_fraction``.
+        test_dir: Test images (also used by ``predict_dataloader``).
+        val_fraction: Share of ``train_dir`` held out for validation when ``val_dir`` is not given.
+        split_seed: Seed of that split (the same on every rank and run).
+        backend: ``"lmdb"`` or ``"raw"``.
+        cache_dir: Where the databases go; default :func:`default_cache_dir`. Each folder gets
+            ``<name>-<hash of its path and storage>.lmdb``.
+        storage: ``"encoded"`` (original bytes) or ``"decoded"`` (RGB pixels, no decode at read time).
+        build_workers: Builder processes (``None``: one per core).
+        on_error: Builder policy for bad files: ``"raise"`` or ``"skip"``.
+        on_stale: When a folder changed since its database was built: ``"rebuild"``, ``"error"`` or
+            ``"ignore"`` (no scan at all: the fastest start on network storage).
+        max_pixels: Builder's decompression-bomb limit.
+        readahead: LMDB readahead; ``None`` chooses by file size against available memory.
+        image_size: Side of the default transforms' output.
+        train_transform: Transform of training images (default: :func:`transforms.train_transform`).
+        eval_transform: Transform of validation/test images (default: :func:`transforms.eval_transform`).
+        batch_size: Samples per batch.
+        num_workers: DataLoader worker processes (``None``: one per core, at most 8).
+        pin_memory: Pin batches for faster GPU copies (``None``: when CUDA is available).
+        prefetch_factor: Batches prefetched per worker (used only when ``num_workers > 0``).
+        persistent_workers: Keep workers alive between epochs (used only when ``num_workers > 0``).
+        drop_last: Drop the last incomplete training batch.
+        shuffle: Shuffle training samples (Lightning's distributed sampler keeps this under DDP).
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
+        shared_filesystem: The cache directory is shared by all nodes: build once overall instead of
+            once per node (the builder's file lock is the safety net either way).
+    """
+
+    def __init__(
+        self,
+        train_dir: str | os.PathLike[str] | None = None,
+        val_dir: str | os.PathLike[str] | None = None,
+        test_dir: str | os.PathLike[str] | None = None,
+        *,
+        val_fraction: float = 0.0,
+        split_seed: int = 0,
+        backend: str = "lmdb",
+        cache_dir: str | os.PathLike[str] | None = None,
+        storage: str = "encoded",
+        build_workers: int | None = None,
+        on_error: str = "raise",
+        on_stale: str = "rebuild",
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        readahead: bool | None = None,
+        image_size: int = 224,
+        train_transform: Callable[[Any], Any] | None = None,
+        eval_transform: Callable[[Any], Any] | None = None,
+        batch_size: int = 64,
+        num_workers: int | None = None,
+        pin_memory: bool | None = None,
+        prefetch_factor: int = 2,
+        persistent_workers: bool = True,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        multiprocessing_context: str | None = None,
+        shared_filesystem: bool = False,
+    ):
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not one of {BACKENDS}.")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction={val_fraction} must be in [0, 1).")
+        if val_fraction and val_dir is not None:
+            raise ValueError("Give either val_dir or val_fraction, not both.")
+        if train_dir is None and val_dir is None and test_dir is None:
+            raise ValueError("No data: pass train_dir (and val_dir / test_dir or val_fraction).")
+        self.dirs = {name: None if d is None else Path(d).expanduser().resolve() for name, d in zip(SPLITS, (train_dir, val_dir, test_dir))}
+        self.val_fraction, self.split_seed, self.backend = val_fraction, split_seed, backend
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        self.build_options = {"storage": storage, "workers": build_workers, "on_error": on_error, "on_stale": on_stale, "max_pixels": max_pixels}
+        self.readahead = readahead
+        self.train_transform = train_transform if train_transform is not None else transforms.train_transform(image_size)
+        self.eval_transform = eval_transform if eval_transform is not None else transforms.eval_transform(image_size)
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self.num_workers = min(8, len(os.sched_getaffinity(0))) if num_workers is None else num_workers
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.prefetch_factor, self.persistent_workers = prefetch_factor, persistent_workers
+        self.multiprocessing_context = multiprocessing_context
+        self.prepare_data_per_node = not shared_filesystem
+        self.datasets: dict[str, _ImageDataset] = {}
+
+    # --- paths -----------------------------------------------------------------------------------
+
+    def database_path(self, split: str) -> Path:
+        """Where the database of ``split``'s folder lives (deterministic: every rank computes the same)."""
+        folder = self.dirs[split]
+        if folder is None:
+            raise ValueError(f"No {split}_dir was given.")
+        key = hashlib.sha256(f"{folder}\0{self.build_options['storage']}".encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        return self.cache_dir / f"{folder.name}-{key}.lmdb"
+
+    def database_paths(self) -> list[Path]:
+        """The databases this module serves (empty for the raw backend)."""
+        return [self.database_path(s) for s, d in self.dirs.items() if d is not None] if self.backend == "lmdb" else []
+
+    # --- Lightning hooks -------------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        """Build each missing or stale database (LMDB backend). Writes to disk only; sets no state."""
+        if self.backend != "lmdb":
+            return
+        for split, folder in self.dirs.items():
+            if folder is not None:
+                build_lmdb(folder, self.database_path(split), **self.build_options)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
+        fit, evaluate = stage in (None, "fit"), stage in (None, "fit", "validate")
+        if self.dirs["train"] is not None and (fit or (evaluate and self.val_fraction)):
+            full = self._open("train")
+            train_rows, val_rows = self._split(len(full))
+            if fit:
+                self.datasets["train"] = full.view(train_rows, self.train_transform)
+            if val_rows is not None:
+                self.datasets["val"] = full.view(val_rows, self.eval_transform)
+        if evaluate and self.dirs["val"] is not None:
+            self.datasets["val"] = self._open("val").view(None, self.eval_transform)
+        if stage in (None, "test", "predict") and self.dirs["test"] is not None:
+            self.datasets["test"] = self._open("test").view(None, self.eval_transform)
+        close_environments()  # the main process holds no environment once set up
+
+    def _open(self, split: str) -> _ImageDataset:
+        if self.backend == "raw":
+            return RawImageDataset(self.dirs[split])
+        return LMDBImageDataset(self.database_path(split), readahead=self.readahead)
+
+    def _split(self, size: int) -> tuple[list[int] | None, list[int] | None]:
+        """(train rows, validation rows) of a seeded split, or (all, None) without ``val_fraction``."""
+        if not self.val_fraction:
+            return None, None
+        order = torch.randperm(size, generator=torch.Generator().manual_seed(self.split_seed)).tolist()
+        n_val = max(1, round(size * self.val_fraction))
+        return sorted(order[n_val:]), sorted(order[:n_val])
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (from the training data once set up, else by scanning a folder)."""
+        for dataset in self.datasets.values():
+            return len(dataset.classes)
+        from lightning_lmdb.folder import scan_folder
+
+        return len(scan_folder(next(d for d in self.dirs.values() if d is not None)).classes)
+
+    def _loader(self, split: str, train: bool) -> DataLoader:
+        if split not in self.datasets:
+            raise RuntimeError(f"No {split} data: pass {split}_dir (or val_fraction for validation) and call setup() first.")
+        workers = self.num_workers > 0
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size,
+            shuffle=self.shuffle and train,
+            drop_last=self.drop_last and train,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            prefetch_factor=self.prefetch_factor if workers else None,
+            persistent_workers=self.persistent_workers and workers,
+            multiprocessing_context=self.multiprocessing_context if workers else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training batches."""
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation batches in order."""
+        return self._loader("val", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        """Test batches in order."""
+        return self._loader("test", train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """Test batches (or validation batches when there is no test folder) in order."""
+        return self._loader("test" if "test" in self.datasets else "val", train=False)
