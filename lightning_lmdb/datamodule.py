@@ -10,8 +10,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
+from torchvision.datasets.folder import find_classes
 
+from lightning_lmdb import cache
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
 from lightning_lmdb.decode import DEFAULT_MAX_PIXELS
 from lightning_lmdb import transforms
@@ -62,6 +65,11 @@ class LMDBDataModule(pl.LightningDataModule):
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
         shared_filesystem: The cache directory is shared by all nodes: build once overall instead of
             once per node (the builder's file lock is the safety net either way).
+        cold_cache: Evict the dataset's files (the raw files, or the LMDB files after closing this
+            process's environments) from the page cache before each training epoch, with
+            ``posix_fadvise`` (no root needed): emulates a dataset larger than RAM or on network
+            storage. Forces ``persistent_workers=False`` (a live worker's memory map would keep the
+            LMDB pages cached).
     """
 
     def __init__(
@@ -92,6 +100,7 @@ class LMDBDataModule(pl.LightningDataModule):
         shuffle: bool = True,
         multiprocessing_context: str | None = None,
         shared_filesystem: bool = False,
+        cold_cache: bool = False,
     ):
         super().__init__()
         if backend not in BACKENDS:
@@ -115,6 +124,10 @@ class LMDBDataModule(pl.LightningDataModule):
         self.prefetch_factor, self.persistent_workers = prefetch_factor, persistent_workers
         self.multiprocessing_context = multiprocessing_context
         self.prepare_data_per_node = not shared_filesystem
+        self.cold_cache = cold_cache
+        if cold_cache and persistent_workers and self.num_workers > 0:
+            rank_zero_warn("cold_cache=True turns persistent_workers off: live workers would keep the data cached.")
+            self.persistent_workers = False
         self.datasets: dict[str, _ImageDataset] = {}
 
     # --- paths -----------------------------------------------------------------------------------
@@ -172,21 +185,35 @@ class LMDBDataModule(pl.LightningDataModule):
 
     @property
     def num_classes(self) -> int:
-        """Number of classes (from the training data once set up, else by scanning a folder)."""
+        """Number of classes: from the datasets once set up, else from the class folders (0 for a flat folder)."""
         for dataset in self.datasets.values():
             return len(dataset.classes)
-        from lightning_lmdb.folder import scan_folder
+        try:
+            return len(find_classes(next(d for d in self.dirs.values() if d is not None))[0])
+        except FileNotFoundError:
+            return 0
 
-        return len(scan_folder(next(d for d in self.dirs.values() if d is not None)).classes)
+    def cached_files(self) -> list[str]:
+        """The files a cold-cache epoch evicts: the databases, or every raw image file."""
+        if self.backend == "lmdb":
+            return [str(p) for p in self.database_paths()]
+        raw = {d.root: d for d in self.datasets.values() if isinstance(d, RawImageDataset)}
+        return [path for dataset in raw.values() for path in dataset.files()]
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         if split not in self.datasets:
             raise RuntimeError(f"No {split} data: pass {split}_dir (or val_fraction for validation) and call setup() first.")
         workers = self.num_workers > 0
+        dataset = self.datasets[split]
+        sampler: Sampler[int] | None = None
+        if self.cold_cache and train:
+            base = RandomSampler(dataset) if self.shuffle else SequentialSampler(dataset)
+            sampler = EvictingSampler(base, self.cached_files())
         return DataLoader(
-            self.datasets[split],
+            dataset,
             batch_size=self.batch_size,
-            shuffle=self.shuffle and train,
+            shuffle=self.shuffle and train and sampler is None,
+            sampler=sampler,
             drop_last=self.drop_last and train,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
@@ -210,3 +237,23 @@ class LMDBDataModule(pl.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """Test batches (or validation batches when there is no test folder) in order."""
         return self._loader("test" if "test" in self.datasets else "val", train=False)
+
+
+class EvictingSampler(Sampler[int]):
+    """Wraps a sampler; each time an epoch's iteration starts, evicts ``paths`` from the page cache first.
+
+    Iteration starts in the main process after the epoch's fresh workers have started but before any
+    index reaches them, so no worker has opened an environment yet; this process's own environments
+    (``num_workers=0``) are closed first.
+    """
+
+    def __init__(self, base: Sampler[int], paths: list[str]):
+        self.base, self.paths = base, paths
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __iter__(self):
+        close_environments()
+        cache.evict(self.paths, sync=True)
+        return iter(self.base)

@@ -217,6 +217,10 @@ class RawImageDataset(_ImageDataset):
         super().__init__(scan.classes, scan.class_to_idx, [f.target for f in scan.files], [f.relpath for f in scan.files],
                          transform, target_transform, indices)
 
+    def files(self) -> list[str]:
+        """Absolute path of every image file of the folder (all samples, not only this view's)."""
+        return [os.path.join(self.root, p) for p in self._all_paths]
+
     def _load(self, row: int) -> Image.Image:
         path = os.path.join(self.root, self._all_paths[row])
         with open(path, "rb") as handle:

@@ -1,0 +1,107 @@
+"""train.py: compose + fast_dev_run on both backends, the real multirun A/B, and the cold-cache option."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from imagegen import make_jpegs
+
+from lightning_lmdb import LMDBDataModule, cache
+from lightning_lmdb import datamodule as dm_module
+from lightning_lmdb.transforms import eval_transform
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["demo.num_classes=3", "demo.images_per_class=8", "data.image_size=16", "loader=debug", "data.build_workers=0",
+        "trainer.enable_progress_bar=false", "model.width=8"]
+
+
+@pytest.fixture
+def train_module():
+    sys.path.insert(0, str(ROOT))
+    try:
+        import train
+
+        yield train
+    finally:
+        sys.path.remove(str(ROOT))
+
+
+@pytest.mark.parametrize("data", ["lmdb", "raw"])
+def test_fast_dev_run_through_compose(tmp_path: Path, train_module, data: str) -> None:
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data={data}", f"paths.data_dir={tmp_path}", "+trainer.fast_dev_run=true", *TINY])
+    summary = train_module.run(cfg, tmp_path / "out")
+    assert summary["backend"] == data and summary["epochs"], summary
+    epoch = summary["epochs"][0]
+    assert epoch["samples"] > 0 and epoch["epoch_time_s"] > 0 and 0 <= epoch["data_wait_frac"] <= 1
+    assert (tmp_path / "demo" / "class_00").is_dir(), "the demo dataset is generated on first use"
+    assert list((tmp_path / "lmdb").glob("*.lmdb")) if data == "lmdb" else not (tmp_path / "lmdb").exists()
+
+
+def test_multirun_ab_writes_table_and_plot(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "train.py", "-m", "data=raw,lmdb", "trainer.max_epochs=2", f"paths.data_dir={tmp_path}",
+           f"hydra.sweep.dir={sweep}", *TINY]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (sweep / "comparison.txt").read_text()
+    assert "raw" in table and "lmdb" in table and "speedup vs raw" in table
+    assert "epoch 1 (cold)" in table and "warm" in table
+    assert (sweep / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "speedup vs raw" in result.stdout
+    backends = []
+    for job in ("0", "1"):
+        summary = json.loads((sweep / job / "perf_summary.json").read_text())
+        backends.append(summary["backend"])
+        assert len(summary["epochs"]) == 2 and summary["gpu_available"] is False
+        rows = list(csv.DictReader(open(next((sweep / job / "csv").rglob("metrics.csv")))))
+        logged = {k for row in rows for k, v in row.items() if v}
+        assert {"perf/epoch_time_s", "perf/samples_per_s", "perf/data_wait_s", "perf/data_wait_frac", "train/loss", "val/acc"} <= logged
+        assert list((sweep / job / "tensorboard").rglob("events.out.tfevents.*"))
+    assert backends == ["raw", "lmdb"]
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+def test_cold_cache_evicts_before_each_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    source = make_jpegs(tmp_path / "src", 12, size=64)
+    dm = LMDBDataModule(source, backend=backend, cache_dir=tmp_path / "cache", batch_size=4, num_workers=0, cold_cache=True,
+                        train_transform=eval_transform(8), build_workers=0)
+    dm.prepare_data()
+    dm.setup("fit")
+    files = dm.cached_files()
+    assert files == ([str(dm.database_path("train"))] if backend == "lmdb" else [str(p) for p in sorted(source.rglob("*.jpg"))])
+    residency = []
+    real_evict = cache.evict
+
+    def spy(paths, *, sync=False):
+        real_evict(paths, sync=sync)
+        residency.append(max(cache.resident_fraction(p) for p in paths))
+
+    monkeypatch.setattr(dm_module.cache, "evict", spy)
+    loader = dm.train_dataloader()
+    for _ in range(2):
+        assert sum(len(targets) for _, targets in loader) == 12
+    assert len(residency) == 2, "one eviction per epoch"
+    assert max(residency) < 0.05, f"files still cached after eviction: {residency}"
+    assert cache.resident_fraction(files[0]) > 0.5, "reading the epoch brought the data back into the cache"
+
+
+def test_cold_cache_turns_persistent_workers_off(tmp_path: Path) -> None:
+    dm = LMDBDataModule(tmp_path, num_workers=2, persistent_workers=True, cold_cache=True)
+    assert dm.persistent_workers is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_gpu_run_reports_utilisation(tmp_path: Path, train_module) -> None:
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=["trainer=gpu", "trainer.max_epochs=1", f"paths.data_dir={tmp_path}", *TINY])
+    summary = train_module.run(cfg, tmp_path / "out")
+    assert summary["gpu_available"] and summary["epochs"][0]["gpu_util_pct"] is not None
