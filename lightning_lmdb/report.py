@@ -94,8 +94,10 @@ def comparison_table(summaries: Sequence[dict[str, Any]]) -> str:
     warm_n = max((len(s["epochs"]) - 1 for s in summaries), default=0)
     header = ["", *labels]
     rows: list[list[str]] = []
+    evicted = any((s.get("meta") or {}).get("cold_cache") for s in summaries)
+    later = "cache evicted each epoch" if evicted else "warm"
     for warm, title in ((False, "epoch 1 (cold)"),
-                        (True, f"epochs 2+ (warm, mean of up to {warm_n})")):
+                        (True, f"epochs 2+ ({later}, mean of up to {warm_n})")):
         rows.append([title] + [""] * len(summaries))
         for name, key, scale, fmt in _ROWS:
             cells = []
