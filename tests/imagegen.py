@@ -1,4 +1,4 @@
-"""Tiny image folders for tests: every image mode the loader must handle, non-ASCII names, bad files."""
+"""Tiny image folders for tests (every image mode, non-ASCII names, bad files), and reading a database back."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from lightning_lmdb import format as fmt
 
 #: (file name stem, PIL mode, extension) of the mixed-mode images in each class folder.
 MODE_FILES = [
@@ -89,3 +91,16 @@ def truncated_jpeg(rng_seed: int = 1) -> bytes:
     Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buffer, format="JPEG")
     data = buffer.getvalue()
     return data[: len(data) // 2]
+
+
+def read_records(path: Path) -> tuple[dict, list[bytes]]:
+    """(metadata, every record value in key order) of a finished database."""
+    env = fmt.open_env(path)
+    try:
+        meta = fmt.read_meta(env)
+        records = env.open_db(fmt.RECORDS_DB, create=False)
+        with env.begin(db=records) as txn:
+            values = [bytes(v) for _, v in txn.cursor()]
+    finally:
+        env.close()
+    return meta, values

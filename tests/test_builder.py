@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from imagegen import MODE_FILES, bomb_png, make_folder, make_jpegs, truncated_jpeg
+from imagegen import MODE_FILES, bomb_png, make_jpegs, read_records, truncated_jpeg
 from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import pil_loader
@@ -17,18 +16,6 @@ from lightning_lmdb import format as fmt
 from lightning_lmdb import writer
 from lightning_lmdb.folder import NO_TARGET, scan_folder
 from lightning_lmdb.writer import BuildError, StaleDatabaseError, build, build_lmdb
-
-
-def read_records(path: Path) -> tuple[dict, list[bytes]]:
-    env = fmt.open_env(path)
-    try:
-        meta = fmt.read_meta(env)
-        records = env.open_db(fmt.RECORDS_DB, create=False)
-        with env.begin(db=records) as txn:
-            values = [bytes(v) for _, v in txn.cursor()]
-    finally:
-        env.close()
-    return meta, values
 
 
 def test_scan_equals_imagefolder(image_folder: Path) -> None:

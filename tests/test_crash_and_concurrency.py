@@ -13,21 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from imagegen import make_jpegs
+from imagegen import make_jpegs, read_records
 
 from lightning_lmdb import format as fmt
 from lightning_lmdb.writer import build
 
 
 def _contents(path: Path) -> tuple[dict, list[bytes]]:
-    env = fmt.open_env(path)
-    try:
-        meta = fmt.read_meta(env)
-        records = env.open_db(fmt.RECORDS_DB, create=False)
-        with env.begin(db=records) as txn:
-            values = [bytes(v) for _, v in txn.cursor()]
-    finally:
-        env.close()
+    meta, values = read_records(path)
     meta.pop("created")
     return meta, values
 

@@ -61,7 +61,8 @@ def test_multirun_ab_writes_table_and_plot(tmp_path: Path) -> None:
         summary = json.loads((sweep / job / "perf_summary.json").read_text())
         backends.append(summary["backend"])
         assert len(summary["epochs"]) == 2 and summary["gpu_available"] is False
-        rows = list(csv.DictReader(open(next((sweep / job / "csv").rglob("metrics.csv")))))
+        with open(next((sweep / job / "csv").rglob("metrics.csv"))) as handle:
+            rows = list(csv.DictReader(handle))
         logged = {k for row in rows for k, v in row.items() if v}
         assert {"perf/epoch_time_s", "perf/samples_per_s", "perf/data_wait_s", "perf/data_wait_frac", "train/loss", "val/acc"} <= logged
         assert list((sweep / job / "tensorboard").rglob("events.out.tfevents.*"))
