@@ -147,9 +147,13 @@ def build(
         if meta is not None and not overwrite:
             if on_stale == "ignore" or _is_current(meta, scan, options):
                 return BuildReport(target, "up-to-date", 0, meta["count"], meta["skipped"], time.perf_counter() - started)
+            reason = _stale_reason(meta, scan, options)
             if on_stale == "error":
-                raise StaleDatabaseError(_stale_message(target, meta, scan, options))
-            log.info("%s", _stale_message(target, meta, scan, options).split(". ")[0] + "; rebuilding it.")
+                raise StaleDatabaseError(
+                    f"{str(target)!r} was built {reason}. Rebuild it with on_stale='rebuild' (CLI: --on-stale rebuild), "
+                    "or keep it as it is with on_stale='ignore'."
+                )
+            log.info("%s was built %s; rebuilding it.", target, reason)
         workers = _default_workers() if workers is None else workers
         report = _Writer(scan, target, options, on_error, workers, commit_every, progress).run()
     report.seconds = time.perf_counter() - started
@@ -193,17 +197,13 @@ def _same_options(meta: dict[str, Any], options: dict[str, Any]) -> bool:
     return {key: meta["options"].get(key) for key in options} == options
 
 
-def _stale_message(target: Path, meta: dict[str, Any], scan: SourceScan, options: dict[str, Any]) -> str:
+def _stale_reason(meta: dict[str, Any], scan: SourceScan, options: dict[str, Any]) -> str:
+    """How a database differs from what a build now would make (completes "was built ...")."""
     if not _same_options(meta, options):
-        what = f"with other options ({meta['options']} vs {options})"
-    else:
-        old = set(meta["paths"]) | {s["path"] for s in meta["skipped"]}
-        new = {f.relpath for f in scan.files}
-        what = f"from a source that changed since ({len(new - old)} files added, {len(old - new)} removed, the rest modified or relabelled)"
-    return (
-        f"{str(target)!r} was built {what}. Rebuild it with on_stale='rebuild' (CLI: --on-stale rebuild), "
-        "or keep it as it is with on_stale='ignore'."
-    )
+        return f"with other options ({meta['options']} vs {options})"
+    old = set(meta["paths"]) | {s["path"] for s in meta["skipped"]}
+    new = {f.relpath for f in scan.files}
+    return f"from a source that changed since ({len(new - old)} files added, {len(old - new)} removed, the rest modified or relabelled)"
 
 
 @contextlib.contextmanager
@@ -275,6 +275,7 @@ class _Writer:
     def _open_partial(self) -> tuple[lmdb.Environment, int, list[dict[str, str]]]:
         """Open ``TARGET.partial``, resuming it when it was started on the same source prefix and options."""
         if self.partial.exists():
+            env = None
             try:
                 env = self._open_env(max(self._initial_map_size(), 2 * self.partial.stat().st_size))
                 with env.begin() as txn:
@@ -288,10 +289,11 @@ class _Writer:
                 ):
                     log.info("Resuming the build of %s after %d of %d files.", self.target, state["consumed"], len(self.scan.files))
                     return env, state["consumed"], state["skipped"]
-                env.close()
             except (lmdb.Error, ValueError, KeyError, TypeError):
-                pass
-            log.info("Discarding %s: it belongs to another source or options.", self.partial)
+                pass  # unreadable: start over
+            if env is not None:
+                env.close()
+            log.info("Discarding %s: it belongs to another source or options, or is unreadable.", self.partial)
             self.partial.unlink()
         return self._open_env(self._initial_map_size()), 0, []
 

@@ -104,3 +104,25 @@ def test_concurrent_builders_produce_one_build(tmp_path: Path) -> None:
     assert sum(r["written"] for r in results) == 200
     meta, values = _contents(target)
     assert meta["count"] == len(values) == 200
+
+
+def test_unusable_partial_is_discarded_and_rebuilt(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 6, size=16)
+    target = tmp_path / "out.lmdb"
+    fmt.partial_path(target).write_bytes(b"garbage left by something else" * 300)
+    report = build(source, target, workers=0, progress=False)
+    assert report.action == "built" and report.count == 6
+    assert _contents(target)[1] == [Path(p).read_bytes() for p in sorted(map(str, source.rglob("*.jpg")))]
+
+
+def test_partial_with_unreadable_progress_is_discarded(tmp_path: Path) -> None:
+    import lmdb
+
+    source = make_jpegs(tmp_path / "src", 6, size=16)
+    target = tmp_path / "out.lmdb"
+    env = lmdb.open(str(fmt.partial_path(target)), subdir=False, max_dbs=3)
+    with env.begin(write=True) as txn:
+        txn.put(fmt.PROGRESS_KEY, b"{not json")
+    env.close()
+    report = build(source, target, workers=0, progress=False)
+    assert report.action == "built" and report.count == 6
