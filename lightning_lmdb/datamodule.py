@@ -18,7 +18,7 @@ from lightning_lmdb import cache
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
 from lightning_lmdb.decode import DEFAULT_MAX_PIXELS
 from lightning_lmdb import transforms
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb.writer import available_cores, build_lmdb
 
 BACKENDS = ("lmdb", "raw")
 SPLITS = ("train", "val", "test")
@@ -119,7 +119,7 @@ class LMDBDataModule(pl.LightningDataModule):
         self.train_transform = train_transform if train_transform is not None else transforms.train_transform(image_size)
         self.eval_transform = eval_transform if eval_transform is not None else transforms.eval_transform(image_size)
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
-        self.num_workers = min(8, len(os.sched_getaffinity(0))) if num_workers is None else num_workers
+        self.num_workers = min(8, available_cores()) if num_workers is None else num_workers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.prefetch_factor, self.persistent_workers = prefetch_factor, persistent_workers
         self.multiprocessing_context = multiprocessing_context

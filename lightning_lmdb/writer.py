@@ -154,7 +154,7 @@ def build(
                     "or keep it as it is with on_stale='ignore'."
                 )
             log.info("%s was built %s; rebuilding it.", target, reason)
-        workers = _default_workers() if workers is None else workers
+        workers = available_cores() if workers is None else workers
         report = _Writer(scan, target, options, on_error, workers, commit_every, progress).run()
     report.seconds = time.perf_counter() - started
     return report
@@ -165,7 +165,8 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}.")
 
 
-def _default_workers() -> int:
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
