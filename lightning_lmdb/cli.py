@@ -32,7 +32,7 @@ def _info(args: argparse.Namespace) -> int:
 
     info = describe_lmdb(args.target)
     if args.json:
-        print(json.dumps(info, indent=2, ensure_ascii=False))
+        print(json.dumps(info, indent=2))
         return 0
     classes = info.pop("classes")
     shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
@@ -113,6 +113,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lightning-lmdb`` console script."""
+    for stream in (sys.stdout, sys.stderr):  # file names that are not valid UTF-8 print as their original bytes
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = make_parser().parse_args(argv)
     try:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import lmdb
@@ -120,3 +123,17 @@ def test_cli_build_info_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "No database at" in capsys.readouterr().err
     assert main(["build", str(tmp_path / "nosuchdir"), str(db)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_file_names_that_are_not_utf8(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 3, size=16)
+    odd = os.fsencode(source / "c0") + b"/\xff\xfe_latin1.png"
+    Image.new("RGB", (8, 8), "blue").save(os.fsdecode(odd))
+    db = build_lmdb(source, tmp_path / "db.lmdb", workers=0, progress=False)
+    assert verify_lmdb(db, source).ok
+    with open(odd, "ab") as handle:
+        handle.write(b"changed")
+    result = subprocess.run([sys.executable, "-m", "lightning_lmdb.cli", "verify", str(db), "--source", str(source)],
+                            capture_output=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert b"(c0/\xff\xfe_latin1.png): differs from the source file" in result.stdout, "the name prints as its original bytes"
