@@ -14,10 +14,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
 from torchvision.datasets.folder import find_classes
 
-from lightning_lmdb import cache
+from lightning_lmdb import cache, transforms
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
 from lightning_lmdb.decode import DEFAULT_MAX_PIXELS
-from lightning_lmdb import transforms
 from lightning_lmdb.writer import available_cores, build_lmdb
 
 BACKENDS = ("lmdb", "raw")
@@ -176,7 +175,7 @@ class LMDBDataModule(pl.LightningDataModule):
         return LMDBImageDataset(self.database_path(split), readahead=self.readahead)
 
     def _split(self, size: int) -> tuple[list[int] | None, list[int] | None]:
-        """(train rows, validation rows) of a seeded split, or (all, None) without ``val_fraction``."""
+        """(train rows, validation rows) of a seeded split, or (None, None) -- every row, no split -- without ``val_fraction``."""
         if not self.val_fraction:
             return None, None
         order = torch.randperm(size, generator=torch.Generator().manual_seed(self.split_seed)).tolist()

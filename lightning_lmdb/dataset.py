@@ -73,11 +73,7 @@ def _read_meta(path: str) -> dict[str, Any]:
     with _ENVS_LOCK:
         if path in _ENVS:
             return fmt.read_meta(_ENVS[path][0], path)
-        env = fmt.open_env(path)  # full integrity check, then closed: never held across a fork
-        try:
-            return fmt.read_meta(env, path)
-        finally:
-            env.close()
+        return fmt.load_meta(path)  # full integrity check, then closed: never held across a fork
 
 
 def available_memory() -> int:

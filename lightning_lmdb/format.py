@@ -155,6 +155,20 @@ def _check_not_truncated(env: lmdb.Environment, path: Path) -> None:
         )
 
 
+def load_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check a database file (as :func:`open_env`) and return its metadata, parsed once; nothing stays open.
+
+    Raises:
+        FileNotFoundError: No database at ``path``.
+        DatabaseError: Incomplete, foreign, newer-format or truncated database.
+    """
+    env = open_env(path, validate_meta=False)
+    try:
+        return read_meta(env, path)
+    finally:
+        env.close()
+
+
 def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>") -> dict[str, Any]:
     """Read and validate the metadata of an open database.
 

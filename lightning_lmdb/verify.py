@@ -42,11 +42,7 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         FileNotFoundError, DatabaseError: As :func:`lightning_lmdb.format.open_env`.
     """
-    env = fmt.open_env(path)
-    try:
-        meta = fmt.read_meta(env, path)
-    finally:
-        env.close()
+    meta = fmt.load_meta(path)
     size = Path(path).stat().st_size
     source = meta["source"]
     return {
@@ -85,7 +81,7 @@ def verify_lmdb(path: str | os.PathLike[str], source: str | os.PathLike[str] | N
     Raises:
         FileNotFoundError, DatabaseError: The database cannot be opened (see ``format.open_env``).
     """
-    env = fmt.open_env(path)
+    env = fmt.open_env(path, validate_meta=False)
     try:
         meta = fmt.read_meta(env, path)
         report = VerifyReport(Path(path), meta["count"])

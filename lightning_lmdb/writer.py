@@ -178,16 +178,12 @@ def _existing_meta(target: Path) -> dict[str, Any] | None:
     if not target.exists():
         return None
     try:
-        env = fmt.open_env(target)
+        return fmt.load_meta(target)
     except fmt.DatabaseError as exc:
         raise FileExistsError(
             f"{str(target)!r} exists and is not a usable lightning_lmdb database ({exc}). "
             "It is left untouched: remove it yourself or choose another target."
         ) from exc
-    try:
-        return fmt.read_meta(env, target)
-    finally:
-        env.close()
 
 
 def _is_current(meta: dict[str, Any], scan: SourceScan, options: dict[str, Any]) -> bool:
