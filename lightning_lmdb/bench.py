@@ -91,11 +91,11 @@ def run_read_benchmark(
     storage = _existing_storage(target)
     build_lmdb(source_root, target, storage=storage, workers=workers, progress=False)
     meta = fmt.load_meta(target)
-    storage = meta["storage"]
-    order = list(range(meta["count"]))
+    storage = meta.storage
+    order = list(range(meta.count))
     random.Random(seed).shuffle(order)
     order = order[:limit]
-    raw_paths = [str(source_root / p) for p in meta["paths"]]
+    raw_paths = [str(source_root / p) for p in meta.paths]
     files = [raw_paths[i] for i in order]
     sample = random.Random(seed + 1).sample(raw_paths, min(_RESIDENT_SAMPLE, len(raw_paths)))
 
@@ -146,7 +146,7 @@ def run_read_benchmark(
 def _existing_storage(target: Path) -> str:
     """The storage of an existing finished database at ``target`` (so it is not rebuilt), else ``encoded``."""
     try:
-        return fmt.load_meta(target)["storage"]
+        return fmt.load_meta(target).storage
     except (FileNotFoundError, fmt.DatabaseError):
         return "encoded"
 
@@ -165,6 +165,7 @@ def _pass(
             if decode:
                 decode_image(data, max_pixels=None, name=path)
         return time.perf_counter() - started, total
+    fmt.close(target)  # a private environment, to choose readahead (py-lmdb allows one per file per process)
     env = fmt.open_env(target, readahead=readahead, validate_meta=False)  # checked by the caller
     try:
         records = env.open_db(fmt.RECORDS_DB, create=False)
@@ -187,14 +188,14 @@ def _pass(
 
 
 def _print_table(
-    rows: list[dict[str, Any]], out: Callable[[str], Any], *, meta: dict[str, Any], target: Path, passes: int, decode: bool, storage: str
+    rows: list[dict[str, Any]], out: Callable[[str], Any], *, meta: fmt.Metadata, target: Path, passes: int, decode: bool, storage: str
 ) -> None:
-    src_mb = meta["source"]["bytes"] / 1e6
+    src_mb = meta.source.bytes / 1e6
     db_mb = target.stat().st_size / 1e6
     work = "read + decode to RGB" if decode else "read bytes"
     ra_kb = _read_ahead_kb(target)
     out(
-        f"{rows[0]['samples']} of {meta['count']} records, shuffled; {work}; {storage} storage; "
+        f"{rows[0]['samples']} of {meta.count} records, shuffled; {work}; {storage} storage; "
         f"source {src_mb:.1f} MB, database {db_mb:.1f} MB; median of {passes} pass(es); "
         f"device read_ahead_kb={'?' if ra_kb is None else ra_kb}"
     )

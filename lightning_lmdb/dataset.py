@@ -4,7 +4,7 @@ Both are drop-ins for ``torchvision.datasets.ImageFolder`` -- ``len``, ``ds[i] -
 a PIL RGB image when no transform is given, ``classes``, ``class_to_idx``, ``targets`` -- and both turn
 bytes into pixels through :mod:`lightning_lmdb.decode`, so they differ only in where the bytes come from.
 
-LMDB environments (facts measured in DESIGN.md):
+LMDB environments (each point is a failure of the usual recipe, measured with py-lmdb 3.0):
 
 * py-lmdb >= 2.0 refuses to open one environment twice in a process, and a forked DataLoader worker
   inherits that guard from its parent. So environments are opened lazily, **one per path per process**
@@ -24,56 +24,21 @@ from __future__ import annotations
 
 import copy
 import os
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import lmdb
 from PIL import Image
 from torch.utils.data import Dataset
 
 from lightning_lmdb import format as fmt
 from lightning_lmdb.decode import decode_image, record_to_image
-from lightning_lmdb.folder import scan_folder
+from lightning_lmdb.folder import read_file, scan_folder
 
-_ENVS: dict[str, tuple[lmdb.Environment, Any]] = {}  # path -> (environment, records sub-database)
-_ENVS_LOCK = threading.Lock()
-
-
-def close_environments() -> None:
-    """Close every LMDB environment this process opened (they reopen lazily on the next read)."""
-    with _ENVS_LOCK:
-        while _ENVS:
-            _, (env, _) = _ENVS.popitem()
-            env.close()
-
-
-def open_environments() -> list[str]:
-    """Paths of the LMDB environments open in this process."""
-    return list(_ENVS)
-
-
-os.register_at_fork(before=close_environments)
-
-
-def _environment(path: str, readahead: bool) -> tuple[lmdb.Environment, Any]:
-    opened = _ENVS.get(path)
-    if opened is None:
-        with _ENVS_LOCK:
-            opened = _ENVS.get(path)
-            if opened is None:
-                env = fmt.open_env(path, readahead=readahead, validate_meta=False)
-                opened = _ENVS[path] = (env, env.open_db(fmt.RECORDS_DB, create=False))
-    return opened
-
-
-def _read_meta(path: str) -> dict[str, Any]:
-    """Check and read a database's metadata, reusing this process's environment on it if one is open."""
-    with _ENVS_LOCK:
-        if path in _ENVS:
-            return fmt.read_meta(_ENVS[path][0], path)
-        return fmt.load_meta(path)  # full integrity check, then closed: never held across a fork
+#: Close every database environment of this process (they reopen lazily); also runs before every fork.
+close_environments = fmt.close_all
+#: Paths of the database environments open in this process.
+open_environments = fmt.open_paths
 
 
 def available_memory() -> int:
@@ -90,7 +55,10 @@ def available_memory() -> int:
 
 def auto_readahead(path: str | os.PathLike[str]) -> bool:
     """Readahead on when the database file is smaller than the memory available (see module docstring)."""
-    return os.stat(path).st_size < available_memory()
+    try:
+        return os.stat(path).st_size < available_memory()
+    except OSError:  # no file yet: opening it reports that
+        return True
 
 
 class _ImageDataset(Dataset):
@@ -173,18 +141,33 @@ class LMDBImageDataset(_ImageDataset):
         indices: Sequence[int] | None = None,
     ):
         self.path = str(Path(path).absolute())
-        meta = _read_meta(self.path)
-        self.storage: str = meta["storage"]
         self.readahead = auto_readahead(self.path) if readahead is None else readahead
-        super().__init__(meta["classes"], meta["class_to_idx"], meta["targets"], meta["paths"], transform, target_transform, indices)
+        with fmt.reading(self.path) as opened:  # left open only if it was open before
+            meta = fmt.read_meta(opened.env, self.path)
+            self.build_id: str = opened.build_id
+        self.storage: str = meta.storage
+        super().__init__(meta.classes, meta.class_to_idx, meta.targets, meta.paths, transform, target_transform, indices)
 
     def _load(self, row: int) -> Image.Image:
-        env, records = _environment(self.path, self.readahead)
-        with env.begin(db=records, buffers=True) as txn:
+        opened = fmt.shared(self.path, readahead=self.readahead, fresh=False)
+        if opened.build_id != self.build_id:
+            self._check_same_database()
+            opened = fmt.shared(self.path, readahead=self.readahead, fresh=False)
+        with opened.env.begin(db=opened.records, buffers=True) as txn:
             value = txn.get(fmt.record_key(row))
             if value is None:
                 raise fmt.DatabaseError(f"Record {row} is missing from {self.path!r}: the database is damaged; rebuild it.")
             return record_to_image(value, self.storage, name=f"{self.path}[{row}] ({self._all_paths[row]})")
+
+    def _check_same_database(self) -> None:
+        """Raise if the file at ``path`` is no longer the build this dataset was created on."""
+        opened = fmt.shared(self.path, readahead=self.readahead, fresh=True)
+        if opened.build_id != self.build_id:
+            raise fmt.DatabaseError(
+                f"{self.path!r} was replaced since this dataset was created (build {self.build_id[:12]}, now "
+                f"{opened.build_id[:12]}): another build or a copy overwrote it. Create the dataset (or call "
+                "setup()) again so that classes, targets and records belong to the same database."
+            )
 
 
 class RawImageDataset(_ImageDataset):
@@ -219,6 +202,4 @@ class RawImageDataset(_ImageDataset):
 
     def _load(self, row: int) -> Image.Image:
         path = os.path.join(self.root, self._all_paths[row])
-        with open(path, "rb") as handle:
-            data = handle.read()
-        return decode_image(data, max_pixels=None, name=path)
+        return decode_image(read_file(path), max_pixels=None, name=path)

@@ -7,13 +7,18 @@ Two layouts are accepted:
   ``IMG_EXTENSIONS``, so they equal ``ImageFolder`` on the same folder.
 * **Flat folder** -- images directly in the folder and no subfolders with images: samples without
   labels (``classes == []``, every target ``-1``).
+
+The one difference from ImageFolder's file set: only regular files (and symbolic links to them) are
+images. A FIFO, socket or device named like an image would block or never end when read; it is listed
+apart (``SourceScan.special``) and never opened, and the builder refuses or skips it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension, make_dataset
@@ -50,12 +55,14 @@ class SourceScan:
         classes: Class names in index order (empty for a flat folder).
         class_to_idx: Class name to index.
         files: Samples in ImageFolder order.
+        special: ``(relpath, reason)`` of entries named like images that are not regular files.
     """
 
     root: Path
     classes: list[str]
     class_to_idx: dict[str, int]
     files: list[SourceFile]
+    special: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -123,13 +130,56 @@ def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
             f"No images found in {str(root)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in one "
             "subfolder per class (ImageFolder layout) or directly in the folder. Check the path."
         )
-    files = []
+    files, special = [], []
     for path, target in samples:
+        relpath = Path(path).relative_to(root).as_posix()
         try:
             st = os.stat(path)
             size, mtime_ns = st.st_size, st.st_mtime_ns
         except OSError:  # e.g. a dangling symlink: the builder reports it when it fails to read it
             size, mtime_ns = 0, 0
-        relpath = Path(path).relative_to(root).as_posix()
+        else:
+            if not stat.S_ISREG(st.st_mode):
+                special.append((relpath, _not_regular_reason(st.st_mode)))
+                continue
         files.append(SourceFile(path=path, relpath=relpath, target=target, size=size, mtime_ns=mtime_ns))
-    return SourceScan(root=root, classes=list(classes), class_to_idx=dict(class_to_idx), files=files)
+    return SourceScan(root=root, classes=list(classes), class_to_idx=dict(class_to_idx), files=files, special=special)
+
+
+class NotRegularFileError(OSError):
+    """A path named like an image is a FIFO, socket or device, not a regular file.
+
+    Attributes:
+        reason: What it is and what to do, without the path.
+    """
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.reason = reason
+
+
+def _not_regular_reason(mode: int) -> str:
+    kind = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder"}.get(stat.S_IFMT(mode), "not a regular file")
+    return f"is {kind}, not an image file; it is never opened (reading it could block forever). Remove it or rename it."
+
+
+def read_file(path: str | os.PathLike[str]) -> bytes:
+    """Read a whole image file, refusing anything but a regular file without ever blocking on it.
+
+    The file is opened with ``O_NONBLOCK`` (so a FIFO does not wait for a writer) and checked with
+    ``fstat`` before any read.
+
+    Raises:
+        NotRegularFileError: A FIFO, socket, device or folder.
+        OSError: It cannot be opened or read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFileError(os.fspath(path), _not_regular_reason(st.st_mode))
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)

@@ -38,10 +38,16 @@ onto ``X.lmdb`` when complete), ``X.lmdb.partial-lock`` (LMDB's writer lock) and
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import struct
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +58,7 @@ FORMAT_NAME = "lightning_lmdb"
 FORMAT_VERSION = 1
 RECORDS_DB = b"records"
 META_KEY = b"meta"
+BUILD_ID_KEY = b"build-id"
 PROGRESS_KEY = b"progress"
 CHECKSUMS_DB = b"checksums"
 KEY_WIDTH = 10
@@ -102,20 +109,23 @@ def build_lock_path(target: Path) -> Path:
 
 
 def open_env(path: str | os.PathLike[str], *, readahead: bool = True, validate_meta: bool = True) -> lmdb.Environment:
-    """Open a finished database read-only after checking it is whole and ours.
+    """Open a finished database read-only after checking it is whole and ours (a private environment).
+
+    Most callers want :func:`shared` instead: py-lmdb refuses a second environment on a file this process
+    already has open. This is for callers that need an environment of their own (e.g. to choose
+    ``readahead``) and have closed this process's shared one first (:func:`close`).
 
     Args:
         path: The database file.
         readahead: Let the OS read ahead on page faults (see ``dataset.py`` for when to turn it off).
-        validate_meta: Parse and check the metadata; ``False`` skips that (large) parse when the caller
-            already validated this file, keeping only the cheap truncation check.
+        validate_meta: Parse and check the metadata; ``False`` keeps only the cheap checks.
 
     Returns:
         An open read-only environment with no lock file (``lock=False``).
 
     Raises:
         FileNotFoundError: No database at ``path``.
-        DatabaseError: Incomplete, foreign, newer-format or truncated database.
+        DatabaseError: Incomplete, foreign, newer-format, truncated or damaged database.
     """
     path = Path(path)
     if not path.exists():
@@ -133,6 +143,10 @@ def open_env(path: str | os.PathLike[str], *, readahead: bool = True, validate_m
     try:
         env = lmdb.open(str(path), readonly=True, lock=False, subdir=False, max_dbs=2, readahead=readahead)
     except lmdb.Error as exc:
+        if "already open" in str(exc):
+            raise DatabaseError(
+                f"{str(path)!r} is already open in this process; use lightning_lmdb.format.shared() or close() it first."
+            ) from exc
         raise DatabaseError(f"{str(path)!r} is not an LMDB file ({exc}). Point at a file made by lightning-lmdb build.") from exc
     try:
         _check_not_truncated(env, path)
@@ -155,46 +169,317 @@ def _check_not_truncated(env: lmdb.Environment, path: Path) -> None:
         )
 
 
-def load_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check a database file (as :func:`open_env`) and return its metadata, parsed once; nothing stays open.
+# --- one environment per database file per process ------------------------------------------------
+
+
+@dataclass
+class Opened:
+    """This process's read-only environment on one database file.
+
+    Attributes:
+        path: The absolute path it was opened at.
+        env: The environment.
+        records: The ``records`` sub-database.
+        identity: ``(st_dev, st_ino)`` of the file when opened (a rebuild renames a new file in place).
+        build_id: The build's identity (see :func:`read_build_id`).
+    """
+
+    path: str
+    env: lmdb.Environment
+    records: Any
+    identity: tuple[int, int]
+    build_id: str
+
+
+_OPEN: dict[str, Opened] = {}
+_OPEN_LOCK = threading.RLock()
+
+
+def shared(path: str | os.PathLike[str], *, readahead: bool = True, fresh: bool = True) -> Opened:
+    """This process's environment on ``path``, opened and checked once and shared by every caller.
+
+    py-lmdb >= 2.0 refuses to open a file twice in one process, so every reader of a database --
+    datasets, ``verify``, ``info``, the builder's up-to-date check -- goes through here. All of them
+    are closed right before any ``fork`` (a child never inherits one) and reopen lazily.
+
+    Args:
+        path: The database file.
+        readahead: Used when this call opens the environment (the first opener chooses).
+        fresh: Check (one ``stat``) that the file at ``path`` is still the one opened; if it was
+            replaced (a rebuild), close the old environment and open the new file. Datasets pass
+            ``False`` on their per-sample path and compare build ids instead.
 
     Raises:
         FileNotFoundError: No database at ``path``.
-        DatabaseError: Incomplete, foreign, newer-format or truncated database.
+        DatabaseError: Incomplete, foreign, newer-format, truncated or damaged database.
     """
-    env = open_env(path, validate_meta=False)
+    key = os.path.abspath(path)
+    opened = _OPEN.get(key)
+    if opened is not None and not fresh:
+        return opened
+    with _OPEN_LOCK:
+        opened = _OPEN.get(key)
+        if opened is not None and fresh:
+            try:
+                st = os.stat(key)
+                current = (st.st_dev, st.st_ino) == opened.identity
+            except OSError:
+                current = False
+            if not current:
+                close(key)
+                opened = None
+        if opened is None:
+            env = open_env(key, readahead=readahead, validate_meta=False)
+            try:
+                st = os.stat(key)
+                records = env.open_db(RECORDS_DB, create=False)
+                opened = Opened(key, env, records, (st.st_dev, st.st_ino), read_build_id(env, key))
+            except lmdb.Error as exc:
+                env.close()
+                raise DatabaseError(f"{key!r} has no records table ({exc}): not a lightning_lmdb database or damaged; rebuild it.") from exc
+            except BaseException:
+                env.close()
+                raise
+            _OPEN[key] = opened
+        return opened
+
+
+def close(path: str | os.PathLike[str]) -> None:
+    """Close this process's environment on ``path`` if one is open (it reopens lazily when needed)."""
+    with _OPEN_LOCK:
+        opened = _OPEN.pop(os.path.abspath(path), None)
+        if opened is not None:
+            opened.env.close()
+
+
+def close_all() -> None:
+    """Close every database environment this process opened (they reopen lazily on the next read)."""
+    with _OPEN_LOCK:
+        while _OPEN:
+            _, opened = _OPEN.popitem()
+            opened.env.close()
+
+
+def open_paths() -> list[str]:
+    """Paths of the database environments open in this process."""
+    return list(_OPEN)
+
+
+os.register_at_fork(before=close_all)
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike[str]) -> Iterator[Opened]:
+    """This process's environment on ``path`` for the ``with`` block; closed after it unless it was open before."""
+    was_open = os.path.abspath(path) in _OPEN
+    opened = shared(path)
     try:
-        return read_meta(env, path)
+        yield opened
     finally:
-        env.close()
+        if not was_open:
+            close(path)
 
 
-def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>") -> dict[str, Any]:
+def read_build_id(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>") -> str:
+    """The identity of a finished build: the ``build-id`` key, or (older builds) a digest of the metadata bytes."""
+    with env.begin(buffers=True) as txn:
+        value = txn.get(BUILD_ID_KEY)
+        if value is not None:
+            return bytes(value).decode("ascii", "replace")
+        raw = txn.get(META_KEY)
+        if raw is None:
+            _raise_no_meta(txn, path)
+        return "meta:" + hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+def load_meta(path: str | os.PathLike[str]) -> Metadata:
+    """Check a database file and return its validated metadata (reusing this process's environment on it).
+
+    Raises:
+        FileNotFoundError: No database at ``path``.
+        DatabaseError: Incomplete, foreign, newer-format, truncated or damaged database.
+    """
+    with reading(path) as opened:
+        return read_meta(opened.env, path)
+
+
+def _raise_no_meta(txn: lmdb.Transaction, path: str | os.PathLike[str]) -> None:
+    if txn.get(PROGRESS_KEY) is not None:
+        raise DatabaseError(f"{str(path)!r} is an unfinished build. Run the build again: it resumes where it stopped.")
+    raise DatabaseError(f"{str(path)!r} is an LMDB file but not a lightning_lmdb database (no metadata). Build one with lightning-lmdb build.")
+
+
+def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>") -> Metadata:
     """Read and validate the metadata of an open database.
 
     Raises:
-        DatabaseError: No metadata (incomplete or foreign), unreadable JSON, or a newer format version.
+        DatabaseError: No metadata (incomplete or foreign), unreadable JSON, a newer format version,
+            or a field missing or of the wrong type (named in the message).
     """
     with env.begin() as txn:
         raw = txn.get(META_KEY)
-        building = txn.get(PROGRESS_KEY) is not None
-    if raw is None:
-        if building:
-            raise DatabaseError(f"{str(path)!r} is an unfinished build. Run the build again: it resumes where it stopped.")
-        raise DatabaseError(f"{str(path)!r} is an LMDB file but not a lightning_lmdb database (no metadata). Build one with lightning-lmdb build.")
+        if raw is None:
+            _raise_no_meta(txn, path)
     try:
-        meta = json.loads(bytes(raw).decode("utf-8"))
+        obj = json.loads(bytes(raw).decode("utf-8"))
     except ValueError as exc:
         raise DatabaseError(f"Metadata of {str(path)!r} is not valid JSON ({exc}): the database is damaged; rebuild it.") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise DatabaseError(f"{str(path)!r} is an LMDB file but not a lightning_lmdb database. Build one with lightning-lmdb build.")
-    version = meta.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise DatabaseError(
-            f"{str(path)!r} has format version {version!r}; this lightning_lmdb reads up to {FORMAT_VERSION}. "
-            "Upgrade lightning_lmdb or rebuild the database with this version."
+    return Metadata.from_json(obj, path)
+
+
+# --- the metadata, as a type ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What the database was built from.
+
+    Attributes:
+        root: The source folder.
+        num_files: Image files scanned (records plus skipped files).
+        bytes: Their total size.
+        fingerprint: Digest of paths, targets, sizes and mtimes (see ``folder.SourceScan.fingerprint``).
+    """
+
+    root: str
+    num_files: int
+    bytes: int
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A source file left out of the database, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """The validated metadata of a finished database (see the module docstring for the layout).
+
+    Build it with :meth:`from_json` (validates every field once) and read it by attribute.
+    """
+
+    version: int
+    count: int
+    storage: str
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    targets: list[int]
+    paths: list[str]
+    checksum: str
+    checksums: list[str]
+    source: SourceInfo
+    options: dict[str, Any]
+    skipped: list[Skipped]
+    created: str
+    library_version: str
+    build_id: str | None = None
+
+    @classmethod
+    def from_json(cls, obj: Any, path: str | os.PathLike[str] = "<database>") -> Metadata:
+        """Validate parsed metadata JSON.
+
+        Raises:
+            DatabaseError: Not ours, a newer version, or a field missing or of the wrong type (named).
+        """
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
+            raise DatabaseError(f"{str(path)!r} is an LMDB file but not a lightning_lmdb database. Build one with lightning-lmdb build.")
+        version = obj.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+            raise DatabaseError(
+                f"{str(path)!r} has format version {version!r}; this lightning_lmdb reads up to {FORMAT_VERSION}. "
+                "Upgrade lightning_lmdb or rebuild the database with this version."
+            )
+        get = _Fields(obj, path)
+        count = get("count", int)
+        storage = get("storage", str)
+        if storage not in STORAGES:
+            get.fail("storage", f"is {storage!r}, not one of {STORAGES}")
+        source = _Fields(get("source", dict), path, "source.")
+        skipped = []
+        for i, item in enumerate(get("skipped", list)):
+            entry = _Fields(item if isinstance(item, dict) else get.fail(f"skipped[{i}]", "is not an object"), path, f"skipped[{i}].")
+            skipped.append(Skipped(entry("path", str), entry("reason", str)))
+        meta = cls(
+            version=version,
+            count=count,
+            storage=storage,
+            classes=get.list_of("classes", str),
+            class_to_idx=get.dict_of("class_to_idx", int),
+            targets=get.list_of("targets", int, length=count),
+            paths=get.list_of("paths", str, length=count),
+            checksum=get("checksum", str),
+            checksums=get.list_of("checksums", str, length=count),
+            source=SourceInfo(source("root", str), source("num_files", int), source("bytes", int), source("fingerprint", str)),
+            options=get("options", dict),
+            skipped=skipped,
+            created=get("created", str),
+            library_version=get("library_version", str),
+            build_id=get("build_id", str) if "build_id" in obj else None,
         )
-    return meta
+        if count < 0:
+            get.fail("count", f"is {count}")
+        return meta
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object stored under ``meta``."""
+        obj = {"format": FORMAT_NAME, **dataclasses.asdict(self)}
+        if obj["build_id"] is None:
+            del obj["build_id"]
+        return obj
+
+
+class _Fields:
+    """Typed access to one JSON object's fields; a missing field or wrong type is a ``DatabaseError`` naming it."""
+
+    def __init__(self, obj: dict[str, Any], path: str | os.PathLike[str], prefix: str = ""):
+        self.obj, self.path, self.prefix = obj, path, prefix
+
+    def fail(self, name: str, problem: str) -> Any:
+        raise DatabaseError(
+            f"Metadata of {str(self.path)!r}: field {self.prefix}{name!r} {problem}. The database is damaged or was "
+            "written by another tool; rebuild it with lightning-lmdb build."
+        )
+
+    def __call__(self, name: str, kind: type) -> Any:
+        if name not in self.obj:
+            self.fail(name, "is missing")
+        value = self.obj[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            self.fail(name, f"should be {_JSON_NAMES[kind]}, not {type(value).__name__} ({_short(value)})")
+        return value
+
+    def list_of(self, name: str, kind: type, length: int | None = None) -> list[Any]:
+        value = self(name, list)
+        for i, item in enumerate(value):
+            if not isinstance(item, kind) or (kind is int and isinstance(item, bool)):
+                self.fail(f"{name}[{i}]", f"should be {_JSON_NAMES[kind]}, not {type(item).__name__} ({_short(item)})")
+        if length is not None and len(value) != length:
+            self.fail(name, f"holds {len(value)} entries, but count is {length}")
+        return value
+
+    def dict_of(self, name: str, kind: type) -> dict[str, Any]:
+        value = self(name, dict)
+        for key, item in value.items():
+            if not isinstance(item, kind) or (kind is int and isinstance(item, bool)):
+                self.fail(f"{name}[{key!r}]", f"should be {_JSON_NAMES[kind]}, not {type(item).__name__} ({_short(item)})")
+        return value
+
+
+_JSON_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def new_build_id() -> str:
+    """A fresh random build identity (written with the metadata of every finished build)."""
+    return uuid.uuid4().hex
 
 
 def dump_json(obj: Any) -> bytes:

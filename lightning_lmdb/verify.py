@@ -44,23 +44,24 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     meta = fmt.load_meta(path)
     size = Path(path).stat().st_size
-    source = meta["source"]
+    source = meta.source
     return {
         "path": str(path),
-        "format_version": meta["version"],
-        "storage": meta["storage"],
-        "count": meta["count"],
-        "num_classes": len(meta["classes"]),
-        "classes": meta["classes"],
+        "format_version": meta.version,
+        "storage": meta.storage,
+        "count": meta.count,
+        "num_classes": len(meta.classes),
+        "classes": meta.classes,
         "file_bytes": size,
-        "source_root": source["root"],
-        "source_files": source["num_files"],
-        "source_bytes": source["bytes"],
-        "size_ratio": size / source["bytes"] if source["bytes"] else float("nan"),
-        "skipped": meta["skipped"],
-        "options": meta["options"],
-        "created": meta["created"],
-        "library_version": meta["library_version"],
+        "source_root": source.root,
+        "source_files": source.num_files,
+        "source_bytes": source.bytes,
+        "size_ratio": size / source.bytes if source.bytes else float("nan"),
+        "skipped": [{"path": s.path, "reason": s.reason} for s in meta.skipped],
+        "options": meta.options,
+        "created": meta.created,
+        "library_version": meta.library_version,
+        "build_id": meta.build_id,
     }
 
 
@@ -81,24 +82,24 @@ def verify_lmdb(path: str | os.PathLike[str], source: str | os.PathLike[str] | N
     Raises:
         FileNotFoundError, DatabaseError: The database cannot be opened (see ``format.open_env``).
     """
-    env = fmt.open_env(path, validate_meta=False)
-    try:
+    with fmt.reading(path) as opened:
+        env = opened.env
         meta = fmt.read_meta(env, path)
-        report = VerifyReport(Path(path), meta["count"])
+        report = VerifyReport(Path(path), meta.count)
         files = {}
         if source is not None:
             scan = scan_folder(source)
             files = {f.relpath: f for f in scan.files}
-            stored = set(meta["paths"])
-            skipped = {s["path"] for s in meta["skipped"]}
+            stored = set(meta.paths)
+            skipped = {s.path for s in meta.skipped}
             report.problems += [f"{p}: in the source but not in the database" for p in sorted(files.keys() - stored - skipped)]
             report.problems += [f"{p}: in the database but no longer in the source" for p in sorted(stored - files.keys())]
-        records = env.open_db(fmt.RECORDS_DB, create=False)
+        records = opened.records
         with env.begin(db=records, buffers=True) as txn:
             entries = txn.stat(records)["entries"]
-            if entries != meta["count"]:
-                report.problems.append(f"the database holds {entries} records, its metadata says {meta['count']}")
-            for index, (relpath, expected) in enumerate(zip(meta["paths"], meta["checksums"])):
+            if entries != meta.count:
+                report.problems.append(f"the database holds {entries} records, its metadata says {meta.count}")
+            for index, (relpath, expected) in enumerate(zip(meta.paths, meta.checksums)):
                 value = txn.get(fmt.record_key(index))
                 report.checked += 1
                 if value is None:
@@ -108,11 +109,9 @@ def verify_lmdb(path: str | os.PathLike[str], source: str | os.PathLike[str] | N
                     report.problems.append(f"record {index} ({relpath}): checksum mismatch, the database is damaged")
                     continue
                 if relpath in files:
-                    problem = _compare_with_source(value, files[relpath].path, meta["storage"])
+                    problem = _compare_with_source(value, files[relpath].path, meta.storage)
                     if problem:
                         report.problems.append(f"record {index} ({relpath}): {problem}")
-    finally:
-        env.close()
     return report
 
 

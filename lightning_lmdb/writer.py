@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import json
 import logging
 import multiprocessing
 import os
+import shutil
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,7 +32,7 @@ from tqdm import tqdm
 
 from lightning_lmdb import format as fmt
 from lightning_lmdb.decode import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
-from lightning_lmdb.folder import PrefixFingerprint, SourceScan, scan_folder
+from lightning_lmdb.folder import NotRegularFileError, PrefixFingerprint, SourceScan, read_file, scan_folder
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,29 @@ class StaleDatabaseError(fmt.DatabaseError):
     """The target was built from a source that has changed since (with ``on_stale="error"``)."""
 
 
+class DiskFullError(OSError):
+    """The disk holding the database filled up during a build (``errno.ENOSPC``); a rerun with space resumes."""
+
+
+#: Test-only fault injection: ``commit:N`` (after the N-th batch commit), ``final`` (inside the final
+#: transaction, before it commits), ``rename`` (after the final commit, before the rename), ``fsync``
+#: (after the rename, before the folder's fsync). The builder SIGKILLs itself (and its process group
+#: when it leads one) at that point, so the fault suite can crash it at exact moments.
+FAULT_ENV = "LIGHTNING_LMDB_TEST_KILL_AT"
+_SKIP_HINT = "build with on_error='skip' (CLI: --on-error skip, Hydra: data.on_error=skip) to leave bad files out"
+
+
+def _fault(point: str, count: int = 0) -> None:
+    wanted = os.environ.get(FAULT_ENV)
+    if not wanted:
+        return
+    name, _, n = wanted.partition(":")
+    if name == point and (not n or int(n) == count):
+        if os.getpgid(0) == os.getpid():
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 @dataclass
 class BuildReport:
     """What a call to :func:`build` did.
@@ -56,7 +82,7 @@ class BuildReport:
         action: ``"built"``, ``"resumed"`` or ``"up-to-date"``.
         records_written: Records committed by this call (0 when up to date).
         count: Records in the database.
-        skipped: Files left out, as ``{"path", "reason"}``.
+        skipped: Files left out, with the reason.
         seconds: Wall time of this call.
     """
 
@@ -64,7 +90,7 @@ class BuildReport:
     action: str
     records_written: int
     count: int
-    skipped: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[fmt.Skipped] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -140,13 +166,13 @@ def build(
     if on_stale == "ignore" and not overwrite:
         meta = _existing_meta(target)
         if meta is not None:
-            return BuildReport(target, "up-to-date", 0, meta["count"], meta["skipped"], time.perf_counter() - started)
+            return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
     scan = scan_folder(source_root)
     with _build_lock(target):
         meta = _existing_meta(target)
         if meta is not None and not overwrite:
             if on_stale == "ignore" or _is_current(meta, scan, options):
-                return BuildReport(target, "up-to-date", 0, meta["count"], meta["skipped"], time.perf_counter() - started)
+                return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
             reason = _stale_reason(meta, scan, options)
             if on_stale == "error":
                 raise StaleDatabaseError(
@@ -173,7 +199,7 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _existing_meta(target: Path) -> dict[str, Any] | None:
+def _existing_meta(target: Path) -> fmt.Metadata | None:
     """Metadata of a finished database at ``target``, ``None`` if nothing is there."""
     if not target.exists():
         return None
@@ -186,19 +212,19 @@ def _existing_meta(target: Path) -> dict[str, Any] | None:
         ) from exc
 
 
-def _is_current(meta: dict[str, Any], scan: SourceScan, options: dict[str, Any]) -> bool:
-    return meta["source"]["fingerprint"] == scan.fingerprint() and _same_options(meta, options)
+def _is_current(meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -> bool:
+    return meta.source.fingerprint == scan.fingerprint() and _same_options(meta, options)
 
 
-def _same_options(meta: dict[str, Any], options: dict[str, Any]) -> bool:
-    return {key: meta["options"].get(key) for key in options} == options
+def _same_options(meta: fmt.Metadata, options: dict[str, Any]) -> bool:
+    return {key: meta.options.get(key) for key in options} == options
 
 
-def _stale_reason(meta: dict[str, Any], scan: SourceScan, options: dict[str, Any]) -> str:
+def _stale_reason(meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -> str:
     """How a database differs from what a build now would make (completes "was built ...")."""
     if not _same_options(meta, options):
-        return f"with other options ({meta['options']} vs {options})"
-    old = set(meta["paths"]) | {s["path"] for s in meta["skipped"]}
+        return f"with other options ({meta.options} vs {options})"
+    old = set(meta.paths) | {s.path for s in meta.skipped}
     new = {f.relpath for f in scan.files}
     return f"from a source that changed since ({len(new - old)} files added, {len(old - new)} removed, the rest modified or relabelled)"
 
@@ -227,8 +253,9 @@ def _read_one(task: tuple[int, str, str, int | None]) -> tuple[int, bytes | None
     """
     index, path, storage, max_pixels = task
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_file(path)
+    except NotRegularFileError as exc:
+        return index, None, exc.reason
     except OSError as exc:
         return index, None, f"cannot read the file ({exc.strerror or exc}). Check its permissions."
     try:
@@ -249,25 +276,61 @@ class _Writer:
         self.workers, self.commit_every, self.progress = workers, commit_every, progress
         self.partial = fmt.partial_path(target)
         self.prefix = PrefixFingerprint(scan.files)
-        self.written = 0
+        self.written = self.written_bytes = self.commits = 0
 
     def run(self) -> BuildReport:
+        finished = self._finished_partial()
+        if finished is not None:  # killed after the final commit, before the rename: just finish the rename
+            log.info("%s is a complete build of this source; renaming it into place.", self.partial)
+            self._rename()
+            return BuildReport(self.target, "resumed", 0, finished.count, finished.skipped)
         env, consumed, skipped = self._open_partial()
         try:
+            if not consumed:
+                skipped = self._special_files()
             dbs = (env.open_db(fmt.RECORDS_DB), env.open_db(fmt.CHECKSUMS_DB))
             action = "resumed" if consumed else "built"
             self._fill(env, dbs, consumed, skipped)
             count = self._finish(env, dbs, skipped)
         finally:
             env.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(str(self.partial) + "-lock")
-        os.replace(self.partial, self.target)
-        _fsync_dir(self.target.parent)
+        _fault("rename")
+        self._rename()
         if skipped:
             log.warning("Skipped %d bad files while building %s:\n%s", len(skipped), self.target,
                         "\n".join(f"  {s['path']}: {s['reason']}" for s in skipped))
-        return BuildReport(self.target, action, self.written, count, skipped)
+        return BuildReport(self.target, action, self.written, count, [fmt.Skipped(s["path"], s["reason"]) for s in skipped])
+
+    def _rename(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(str(self.partial) + "-lock")
+        fmt.close(self.target)  # this process's readers of the old file reopen the new one (and notice the new build)
+        os.replace(self.partial, self.target)
+        _fault("fsync")
+        _fsync_dir(self.target.parent)
+
+    def _special_files(self) -> list[dict[str, str]]:
+        """Skips for the scan's non-regular files (FIFOs, sockets, devices), or a BuildError with ``on_error="raise"``."""
+        if self.scan.special and self.on_error == "raise":
+            path, reason = self.scan.special[0]
+            raise BuildError(f"{self.scan.root / path}: {reason}\nRemove it, or {_SKIP_HINT}.")
+        return [{"path": path, "reason": reason} for path, reason in self.scan.special]
+
+    def _finished_partial(self) -> fmt.Metadata | None:
+        """The metadata of ``TARGET.partial`` when it is a finished build of this source and options, else None."""
+        if not self.partial.exists():
+            return None
+        try:
+            env = fmt.open_env(self.partial, validate_meta=False)
+        except (fmt.DatabaseError, OSError):
+            return None
+        try:
+            meta = fmt.read_meta(env, self.partial)
+        except fmt.DatabaseError:
+            return None
+        finally:
+            env.close()
+        return meta if _is_current(meta, self.scan, self.options) else None
 
     def _open_partial(self) -> tuple[lmdb.Environment, int, list[dict[str, str]]]:
         """Open ``TARGET.partial``, resuming it when it was started on the same source prefix and options."""
@@ -319,7 +382,7 @@ class _Writer:
                         bar.close()
                         raise BuildError(
                             f"{files[index].path}: {error}\nNothing was lost: the {index} files before it are committed and a rerun resumes there. "
-                            "Fix or remove the file, or build with on_error='skip' (CLI: --on-error skip) to leave bad files out."
+                            f"Fix or remove the file, or {_SKIP_HINT}."
                         )
                     skipped.append({"path": files[index].relpath, "reason": error})
                 else:
@@ -358,8 +421,35 @@ class _Writer:
                 txn.put(key, digest.encode(), db=checksums, append=True)
             txn.put(fmt.PROGRESS_KEY, fmt.dump_json(state))
 
-        _write_growing(env, write)
+        self._write(env, write, pending=sum(len(value) for _, value, _ in batch))
         self.written += len(batch)
+        self.written_bytes += sum(len(value) for _, value, _ in batch)
+        self.commits += 1
+        _fault("commit", self.commits)
+
+    def _write(self, env: lmdb.Environment, write: Any, pending: int) -> None:
+        """``_write_growing``, turning a full disk (LMDB reports only "Input/output error") into :class:`DiskFullError`."""
+        try:
+            _write_growing(env, write)
+        except lmdb.Error as exc:
+            free = shutil.disk_usage(self.partial.parent).free
+            if free > max(4 * pending, 8 << 20):
+                raise OSError(errno.EIO, f"Writing {self.partial} failed ({exc}). Nothing committed before was lost: rerun to resume.") from exc
+            done = self.written_bytes
+            estimate = self._estimated_bytes()
+            raise DiskFullError(
+                errno.ENOSPC,
+                f"The disk holding {self.partial.parent} is full ({free / 1e6:.1f} MB free): the build of {self.target.name} "
+                f"needs about {max(estimate - done, pending) / 1e6:.1f} MB more ({done / 1e6:.1f} MB written of an estimated "
+                f"{estimate / 1e6:.1f} MB). Nothing was lost: free space (or choose a target on another disk) and rerun; "
+                "the build resumes after the last committed batch.",
+            ) from exc
+
+    def _estimated_bytes(self) -> int:
+        """The database's expected final size: the source size for encoded storage, extrapolated from what was written otherwise."""
+        if self.options["storage"] == "encoded" or not self.written:
+            return int(self.scan.total_bytes * 1.12)
+        return int(self.written_bytes / self.written * len(self.scan.files) * 1.02)
 
     def _finish(self, env: lmdb.Environment, dbs: tuple[Any, Any], skipped: list[dict[str, str]]) -> int:
         skipped_paths = {s["path"] for s in skipped}
@@ -374,35 +464,35 @@ class _Writer:
             raise BuildError(f"Every image in {str(self.scan.root)!r} was skipped as unreadable; nothing to build. See the reasons above.")
         from lightning_lmdb import __version__
 
-        meta = {
-            "format": fmt.FORMAT_NAME,
-            "version": fmt.FORMAT_VERSION,
-            "count": len(kept),
-            "storage": self.options["storage"],
-            "classes": self.scan.classes,
-            "class_to_idx": self.scan.class_to_idx,
-            "targets": [f.target for f in kept],
-            "paths": [f.relpath for f in kept],
-            "checksum": fmt.CHECKSUM_ALGO,
-            "checksums": checksums,
-            "source": {
-                "root": str(self.scan.root),
-                "num_files": len(self.scan.files),
-                "bytes": self.scan.total_bytes,
-                "fingerprint": self.scan.fingerprint(),
-            },
-            "options": {**self.options, "on_error": self.on_error},
-            "skipped": skipped,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "library_version": __version__,
-        }
+        meta = fmt.Metadata(
+            version=fmt.FORMAT_VERSION,
+            count=len(kept),
+            storage=self.options["storage"],
+            classes=self.scan.classes,
+            class_to_idx=self.scan.class_to_idx,
+            targets=[f.target for f in kept],
+            paths=[f.relpath for f in kept],
+            checksum=fmt.CHECKSUM_ALGO,
+            checksums=checksums,
+            source=fmt.SourceInfo(
+                root=str(self.scan.root), num_files=len(self.scan.files) + len(self.scan.special),
+                bytes=self.scan.total_bytes, fingerprint=self.scan.fingerprint(),
+            ),
+            options={**self.options, "on_error": self.on_error},
+            skipped=[fmt.Skipped(s["path"], s["reason"]) for s in skipped],
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            library_version=__version__,
+            build_id=fmt.new_build_id(),
+        )
 
         def write(txn: lmdb.Transaction) -> None:
-            txn.put(fmt.META_KEY, fmt.dump_json(meta))
+            txn.put(fmt.META_KEY, fmt.dump_json(meta.to_json()))
+            txn.put(fmt.BUILD_ID_KEY, meta.build_id.encode("ascii"))
             txn.delete(fmt.PROGRESS_KEY)
             txn.drop(checksum_db, delete=True)
+            _fault("final")
 
-        _write_growing(env, write)
+        self._write(env, write, pending=0)
         env.sync(True)
         return len(kept)
 

@@ -94,13 +94,9 @@ def truncated_jpeg(rng_seed: int = 1) -> bytes:
 
 
 def read_records(path: Path) -> tuple[dict, list[bytes]]:
-    """(metadata, every record value in key order) of a finished database."""
-    env = fmt.open_env(path)
-    try:
-        meta = fmt.read_meta(env)
-        records = env.open_db(fmt.RECORDS_DB, create=False)
-        with env.begin(db=records) as txn:
+    """(metadata as its JSON object, every record value in key order) of a finished database."""
+    with fmt.reading(path) as opened:
+        meta = fmt.read_meta(opened.env, path).to_json()
+        with opened.env.begin(db=opened.records) as txn:
             values = [bytes(v) for _, v in txn.cursor()]
-    finally:
-        env.close()
     return meta, values

@@ -145,11 +145,11 @@ def test_bad_files_are_skipped_and_recorded(tmp_path: Path) -> None:
     report = build(source, target, workers=2, progress=False, on_error="skip")
     assert report.action == "resumed", "switching to skip after an error should resume, not restart"
     assert report.count == 10 and report.records_written < 10
-    assert {s["path"]: s["reason"] for s in report.skipped}.keys() == bad.keys()
+    assert {s.path: s.reason for s in report.skipped}.keys() == bad.keys()
     for skipped in report.skipped:
-        assert bad[skipped["path"]] in skipped["reason"]
+        assert bad[skipped.path] in skipped.reason
     meta, values = read_records(target)
-    assert meta["skipped"] == report.skipped
+    assert meta["skipped"] == [{"path": s.path, "reason": s.reason} for s in report.skipped]
     assert not set(meta["paths"]) & bad.keys()
     assert values == [(source / p).read_bytes() for p in meta["paths"]]
 
@@ -193,4 +193,4 @@ def test_unreadable_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="dangling.jpg: cannot read the file"):
         build_lmdb(source, tmp_path / "o.lmdb", workers=0, progress=False)
     report = build(source, tmp_path / "o.lmdb", workers=0, progress=False, on_error="skip")
-    assert [s["path"] for s in report.skipped] == ["c0/dangling.jpg"] and report.count == 3
+    assert [s.path for s in report.skipped] == ["c0/dangling.jpg"] and report.count == 3

@@ -21,7 +21,7 @@ from lightning_lmdb.writer import build
 
 def _contents(path: Path) -> tuple[dict, list[bytes]]:
     meta, values = read_records(path)
-    meta.pop("created")
+    meta.pop("created"), meta.pop("build_id")
     return meta, values
 
 
