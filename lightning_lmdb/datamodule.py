@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,11 @@ from torchvision.datasets.folder import find_classes
 from lightning_lmdb import cache, transforms
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
 from lightning_lmdb.decode import DEFAULT_MAX_PIXELS
-from lightning_lmdb.writer import available_cores, build_lmdb
+from lightning_lmdb.folder import scan_folder
+from lightning_lmdb.format import DatabaseError, load_meta
+from lightning_lmdb.writer import available_cores, build_lmdb, find_bad_files
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("lmdb", "raw")
 SPLITS = ("train", "val", "test")
@@ -114,6 +119,14 @@ class LMDBDataModule(pl.LightningDataModule):
         self.val_fraction, self.split_seed, self.backend = val_fraction, split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.build_options = {"storage": storage, "workers": build_workers, "on_error": on_error, "on_stale": on_stale, "max_pixels": max_pixels}
+        for split, folder in self.dirs.items():
+            if folder is not None and not folder.is_dir() and not (on_stale == "ignore" and backend == "lmdb" and self.database_path(split).exists()):
+                raise FileNotFoundError(
+                    f"{split}_dir {str(folder)!r} does not exist or is not a folder. Pass the folder that holds your images"
+                    f" (Hydra: data.{split}_dir=/path/to/images)."
+                    + (" With on_stale='ignore' an existing database is served without it, but there is none at "
+                       f"{str(self.database_path(split))!r}." if on_stale == "ignore" and backend == "lmdb" else "")
+                )
         self.readahead = readahead
         self.train_transform = train_transform if train_transform is not None else transforms.train_transform(image_size)
         self.eval_transform = eval_transform if eval_transform is not None else transforms.eval_transform(image_size)
@@ -155,7 +168,9 @@ class LMDBDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
-        fit, evaluate = stage in (None, "fit"), stage in (None, "fit", "validate")
+        fit = stage in (None, "fit")
+        # predict serves the test folder, or the validation data when there is none
+        evaluate = stage in (None, "fit", "validate") or (stage == "predict" and self.dirs["test"] is None)
         if self.dirs["train"] is not None and (fit or (evaluate and self.val_fraction)):
             full = self._open("train")
             train_rows, val_rows = self._split(len(full))
@@ -170,9 +185,38 @@ class LMDBDataModule(pl.LightningDataModule):
         close_environments()  # the main process holds no environment once set up
 
     def _open(self, split: str) -> _ImageDataset:
-        if self.backend == "raw":
-            return RawImageDataset(self.dirs[split])
-        return LMDBImageDataset(self.database_path(split), readahead=self.readahead)
+        if self.backend == "lmdb":
+            return LMDBImageDataset(self.database_path(split), readahead=self.readahead)
+        return self._open_raw(split)
+
+    def _open_raw(self, split: str) -> RawImageDataset:
+        """The files the LMDB backend would serve: the database's sample list when it is current, else validated like a build.
+
+        With ``on_error="skip"`` a build leaves bad files out; the raw backend must leave out the same ones
+        so that an A/B differs in storage alone. It never builds: it reuses an up-to-date database's list,
+        or (none, and ``on_error="skip"``) reads and decodes every file once here, as the builder would.
+        """
+        folder = self.dirs[split]
+        if folder is None:
+            raise ValueError(f"No {split}_dir was given.")
+        database = self.database_path(split)
+        scan = scan_folder(folder)
+        if database.exists():
+            try:
+                meta = load_meta(database)
+            except (FileNotFoundError, DatabaseError):
+                meta = None
+            if meta is not None and meta.source.fingerprint == scan.fingerprint() and meta.options.get("max_pixels") == self.build_options["max_pixels"]:
+                return RawImageDataset.from_database(folder, database)
+        if self.build_options["on_error"] != "skip":
+            return RawImageDataset(folder)
+        bad = find_bad_files(scan, max_pixels=self.build_options["max_pixels"], workers=self.build_options["workers"])
+        if bad:
+            log.warning("The raw backend leaves out %d bad files of %s, as a build would:\n%s", len(bad), folder,
+                        "\n".join(f"  {s.path}: {s.reason}" for s in bad))
+        if self.cold_cache:  # validation read every file: make them cold again
+            cache.evict([f.path for f in scan.files], sync=False)
+        return RawImageDataset(folder, exclude={s.path for s in bad})
 
     def _split(self, size: int) -> tuple[list[int] | None, list[int] | None]:
         """(train rows, validation rows) of a seeded split, or (None, None) -- every row, no split -- without ``val_fraction``."""
@@ -201,7 +245,8 @@ class LMDBDataModule(pl.LightningDataModule):
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         if split not in self.datasets:
-            raise RuntimeError(f"No {split} data: pass {split}_dir (or val_fraction for validation) and call setup() first.")
+            how = {"train": "pass train_dir", "val": "pass val_dir or val_fraction", "test": "pass test_dir"}[split]
+            raise RuntimeError(f"No {split} data: {how} (Hydra: data.{split}_dir=...) and call setup() first.")
         workers = self.num_workers > 0
         dataset = self.datasets[split]
         sampler: Sampler[int] | None = None

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +181,7 @@ class RawImageDataset(_ImageDataset):
         transform: Applied to the PIL RGB image.
         target_transform: Applied to the target.
         indices: Serve only these samples, in this order.
+        exclude: Relative paths to leave out (e.g. the bad files :func:`lightning_lmdb.writer.find_bad_files` found).
     """
 
     def __init__(
@@ -190,11 +191,37 @@ class RawImageDataset(_ImageDataset):
         target_transform: Callable[[int], Any] | None = None,
         *,
         indices: Sequence[int] | None = None,
+        exclude: Collection[str] = (),
     ):
         scan = scan_folder(root)
         self.root = str(scan.root)
-        super().__init__(scan.classes, scan.class_to_idx, [f.target for f in scan.files], [f.relpath for f in scan.files],
+        kept = [f for f in scan.files if f.relpath not in exclude] if exclude else scan.files
+        super().__init__(scan.classes, scan.class_to_idx, [f.target for f in kept], [f.relpath for f in kept],
                          transform, target_transform, indices)
+
+    @classmethod
+    def from_database(
+        cls,
+        root: str | os.PathLike[str],
+        database: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        *,
+        indices: Sequence[int] | None = None,
+    ) -> RawImageDataset:
+        """The samples a database built from ``root`` holds -- same classes, order and skipped files -- read from the files.
+
+        This is the raw side of an A/B that must differ in storage alone: a database built with
+        ``on_error="skip"`` leaves bad files out, and this dataset leaves out exactly the same ones.
+
+        Raises:
+            FileNotFoundError, DatabaseError: As :class:`LMDBImageDataset`.
+        """
+        meta = fmt.load_meta(database)
+        dataset = cls.__new__(cls)
+        dataset.root = str(Path(root).expanduser().resolve())
+        _ImageDataset.__init__(dataset, meta.classes, meta.class_to_idx, meta.targets, meta.paths, transform, target_transform, indices)
+        return dataset
 
     def files(self) -> list[str]:
         """Absolute path of every image file of the folder (all samples, not only this view's)."""

@@ -18,6 +18,12 @@ from lightning_lmdb.format import decode_pixels
 #: Default pixel limit: Pillow's own warning threshold (~89.5 megapixels).
 DEFAULT_MAX_PIXELS: int = 89_478_485
 
+# Pillow's DecompressionBombWarning duplicates our own pixel check (``max_pixels``), so it is silenced
+# once, here. Not with ``warnings.catch_warnings()`` around each decode: entering it resets Python's
+# once-per-location registry, and every other warning (e.g. Pillow's "Palette images with
+# Transparency") was then printed once per image instead of once per process.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
 
 class ImageDecodeError(ValueError):
     """Bytes that are not a decodable image, or an image over the pixel limit.
@@ -52,14 +58,12 @@ def decode_image(data: bytes | memoryview, *, max_pixels: int | None = DEFAULT_M
     """
     if not len(data):
         raise ImageDecodeError(name, "the file is empty. Remove it or replace it with the image.")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            img = Image.open(io.BytesIO(data))
-        except Image.DecompressionBombError as exc:
-            raise ImageDecodeError(name, str(exc)) from exc
-        except (OSError, SyntaxError, ValueError, EOFError) as exc:
-            raise ImageDecodeError(name, "not an image in a format Pillow can read. Remove or replace the file.") from exc
+    try:
+        img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise ImageDecodeError(name, str(exc)) from exc
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageDecodeError(name, "not an image in a format Pillow can read. Remove or replace the file.") from exc
     with img:
         width, height = img.size
         if max_pixels is not None and width * height > max_pixels:

@@ -20,10 +20,16 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
   each record), ``checksum`` (algorithm name) and ``checksums`` (one hex digest per record value),
   ``source`` (``root``, ``num_files``, ``bytes``, ``fingerprint`` over paths, targets, sizes and
   mtimes), ``options`` (the build options that shape the contents), ``skipped`` (list of
-  ``{"path", "reason"}``), ``created`` and ``library_version``.
+  ``{"path", "reason"}``), ``created``, ``library_version`` and ``build_id`` (a random identity of
+  this build; absent in databases built before it existed). Readers validate every field's presence
+  and type once at open (:class:`Metadata`): a missing field or a wrong type is a
+  :class:`DatabaseError` naming the field.
 
-  ``meta`` is written in the same final transaction that completes the build: a file with no
-  ``meta`` key is not a finished database.
+* Key ``build-id`` of the main database: the same build id as ASCII, so a DataLoader worker can check
+  that the file it opens is the build its dataset was created on without parsing ``meta``.
+
+  ``meta`` and ``build-id`` are written in the same final transaction that completes the build: a
+  file with no ``meta`` key is not a finished database.
 
 * Key ``progress`` of the main database exists only while building: JSON with the number of source
   files consumed, a fingerprint of that prefix of the scan, the options and the files skipped so far.

@@ -262,6 +262,8 @@ def _read_one(task: tuple[int, str, str, int | None]) -> tuple[int, bytes | None
         image = decode_image(data, max_pixels=max_pixels, name=path)
     except ImageDecodeError as exc:
         return index, None, exc.reason
+    if storage == "check":  # validation only (find_bad_files): ship nothing back
+        return index, b"", ""
     value = fmt.encode_pixels(np.asarray(image)) if storage == "decoded" else data
     return index, value, fmt.checksum(value)
 
@@ -514,3 +516,28 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = None) -> list[fmt.Skipped]:
+    """The files of ``scan`` a build with ``on_error="skip"`` would leave out, each with the reason.
+
+    Reads and decodes every file exactly as the builder does (same checks, same process pool), so the
+    raw backend of an A/B can serve the samples a database would hold without building one.
+
+    Args:
+        scan: The scanned source folder.
+        max_pixels: The builder's decompression-bomb limit.
+        workers: Reader processes (``None``: one per core; ``0``: in this process).
+    """
+    bad = [fmt.Skipped(path, reason) for path, reason in scan.special]
+    tasks = [(i, f.path, "check", max_pixels) for i, f in enumerate(scan.files)]
+    workers = available_cores() if workers is None else workers
+    if workers == 0 or len(tasks) < 2:
+        results: Iterator[tuple[int, bytes | None, str]] = map(_read_one, tasks)
+        bad += [fmt.Skipped(scan.files[i].relpath, reason) for i, value, reason in results if value is None]
+        return bad
+    with multiprocessing.get_context().Pool(workers) as pool:
+        for i, value, reason in pool.imap(_read_one, tasks, chunksize=max(1, min(64, len(tasks) // (4 * workers)))):
+            if value is None:
+                bad.append(fmt.Skipped(scan.files[i].relpath, reason))
+    return bad

@@ -135,3 +135,62 @@ def test_lmdb_and_raw_configs_differ_only_in_backend() -> None:
         raw_cfg = OmegaConf.to_container(compose("train", overrides=["data=raw"]).data)
     assert (lmdb_cfg.pop("backend"), raw_cfg.pop("backend")) == ("lmdb", "raw")
     assert lmdb_cfg == raw_cfg
+
+
+def test_a_missing_folder_is_named_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"train_dir '.*no_such_dir' does not exist.*data\.train_dir"):
+        LMDBDataModule(tmp_path / "no_such_dir", cache_dir=tmp_path / "cache")
+    source = make_jpegs(tmp_path / "src", 6, size=8)
+    with pytest.raises(FileNotFoundError, match="test_dir"):
+        LMDBDataModule(source, test_dir=tmp_path / "nope", cache_dir=tmp_path / "cache")
+    with pytest.raises(FileNotFoundError, match="there is none at"):
+        LMDBDataModule(tmp_path / "gone", cache_dir=tmp_path / "cache", on_stale="ignore")
+    # with on_stale="ignore" an existing database is served without its folder
+    dm = LMDBDataModule(source, cache_dir=tmp_path / "cache", build_workers=0, on_stale="ignore", num_workers=0)
+    dm.prepare_data()
+    moved = source.rename(tmp_path / "moved")
+    dm2 = LMDBDataModule(source, cache_dir=tmp_path / "cache", on_stale="ignore", num_workers=0)
+    dm2.prepare_data()
+    dm2.setup("fit")
+    assert len(dm2.datasets["train"]) == 6 and dm2.num_classes == 2
+    assert moved.is_dir()
+
+
+def test_predict_in_a_fresh_module_falls_back_to_the_validation_split(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 20, size=8)
+    dm = LMDBDataModule(source, val_fraction=0.2, cache_dir=tmp_path / "cache", build_workers=0, num_workers=0, batch_size=4,
+                        eval_transform=eval_transform(8))
+    dm.prepare_data()
+    dm.setup("predict")
+    assert len(dm.predict_dataloader().dataset) == 4
+    fresh = LMDBDataModule(source, cache_dir=tmp_path / "cache", build_workers=0, num_workers=0)
+    fresh.setup("test")
+    with pytest.raises(RuntimeError, match="No test data: pass test_dir"):
+        fresh.test_dataloader()
+
+
+@pytest.mark.parametrize("database_first", [True, False], ids=["database-exists", "no-database"])
+def test_raw_backend_serves_exactly_the_samples_of_a_skip_build(tmp_path: Path, database_first: bool) -> None:
+    from imagegen import truncated_jpeg
+
+    source = make_jpegs(tmp_path / "src", 24, size=8, classes=2)
+    (source / "c0" / "zz_broken.jpg").write_bytes(truncated_jpeg())
+    (source / "c1" / "aa_empty.jpg").write_bytes(b"")
+    kwargs = dict(val_fraction=0.25, cache_dir=tmp_path / "cache", build_workers=0, num_workers=0, on_error="skip",
+                  train_transform=eval_transform(8), eval_transform=eval_transform(8), shuffle=False, batch_size=64)
+    lmdb_dm, raw_dm = LMDBDataModule(source, backend="lmdb", **kwargs), LMDBDataModule(source, backend="raw", **kwargs)
+    if database_first:
+        lmdb_dm.prepare_data()
+    raw_dm.prepare_data()
+    assert lmdb_dm.database_path("train").exists() == database_first, "the raw backend's prepare_data builds nothing"
+    raw_dm.setup("fit")
+    lmdb_dm.prepare_data()
+    lmdb_dm.setup("fit")
+    for split in ("train", "val"):
+        raw, lmdb_ds = raw_dm.datasets[split], lmdb_dm.datasets[split]
+        assert isinstance(raw, RawImageDataset)
+        assert raw.paths == lmdb_ds.paths and raw.targets == lmdb_ds.targets
+        assert len(raw) == len(lmdb_ds)
+    assert len(raw_dm.datasets["train"]) + len(raw_dm.datasets["val"]) == 24
+    for (x_raw, y_raw), (x_lmdb, y_lmdb) in zip(raw_dm.train_dataloader(), lmdb_dm.train_dataloader()):
+        assert torch.equal(x_raw, x_lmdb) and torch.equal(y_raw, y_lmdb)

@@ -134,3 +134,25 @@ def test_readahead_follows_available_memory(folder_and_dbs, monkeypatch: pytest.
     monkeypatch.setattr(ds_module, "available_memory", lambda: 1024)
     assert LMDBImageDataset(dbs["encoded"]).readahead is False
     assert LMDBImageDataset(dbs["encoded"], readahead=True).readahead is True
+
+
+def test_a_decode_warning_is_printed_once_not_once_per_image(tmp_path: Path) -> None:
+    import warnings
+
+    from imagegen import make_image, save_image
+    from PIL import Image
+
+    from lightning_lmdb.decode import decode_image
+
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        img = make_image("RGB", (8, 8), rng).quantize(4)
+        img.save(tmp_path / f"p{i}.png", transparency=b"\x00\x10\x20\x30")  # transparency as bytes: Pillow warns on convert
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for i in range(5):
+            decode_image((tmp_path / f"p{i}.png").read_bytes())
+    messages = [str(w.message) for w in caught if "Transparency" in str(w.message)]
+    assert len(messages) == 1, messages
+    with Image.open(tmp_path / "p0.png") as img:
+        assert img.mode == "P" and isinstance(img.info.get("transparency"), bytes)
