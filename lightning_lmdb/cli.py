@@ -3,13 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+import lmdb
+
+from lightning_lmdb import __version__
 from lightning_lmdb.decode import DEFAULT_MAX_PIXELS
 from lightning_lmdb.format import STORAGES, DatabaseError
+
+if TYPE_CHECKING:
+    from lightning_lmdb.verify import VerifyReport
+
+#: Exit status of an expected failure (bad arguments, missing or damaged files, I/O errors).
+EXIT_ERROR = 2
+#: Exit status after Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
+
+#: Expected failures: reported as one line on stderr, never with a traceback. Anything else is a bug.
+_EXPECTED_ERRORS = (OSError, lmdb.Error, ValueError, DatabaseError)
+
+#: What to try, per errno, when an OSError's own message gives no advice.
+_ERRNO_HINTS = {
+    errno.EACCES: "check the folder's permissions or choose another target",
+    errno.EPERM: "check the folder's permissions or choose another target",
+    errno.EROFS: "the filesystem is read-only; choose a target on a writable disk",
+    errno.ENOSPC: "free some space or choose a target on another disk, then rerun (a build resumes where it stopped)",
+    errno.EDQUOT: "your disk quota is used up; free some space or choose a target on another disk, then rerun",
+    errno.ENOTDIR: "a part of that path is a file, not a folder; choose another path",
+    errno.EEXIST: "a file is in the way of a folder the command needs; move it or choose another path",
+    errno.EISDIR: "that path is a folder; name a file instead",
+    errno.ENOENT: "check the path",
+    errno.ENAMETOOLONG: "choose a shorter path",
+    errno.EIO: "the disk reported an I/O error; check the disk and free space, then rerun",
+    errno.EMFILE: "too many open files; raise the limit (ulimit -n) and rerun",
+}
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -49,15 +85,39 @@ def _info(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from lightning_lmdb.verify import verify_lmdb
 
-    report = verify_lmdb(args.target, args.source)
+    report = verify_lmdb(args.target, args.source, allow_skipped=args.allow_skipped)
     for line in report.problems[: args.max_problems]:
         print(line)
     if len(report.problems) > args.max_problems:
         print(f"... and {len(report.problems) - args.max_problems} more problems")
+    for skip in report.skipped[: args.max_problems]:
+        print(f"{skip.path}: skipped at build time: {skip.reason}")
+    if len(report.skipped) > args.max_problems:
+        print(f"... and {len(report.skipped) - args.max_problems} more skipped files")
     against = f" and against {args.source}" if args.source else " (checksums only; pass --source to compare with the files)"
-    verdict = "OK" if report.ok else f"FAILED: {len(report.problems)} problems"
-    print(f"{report.path}: {report.checked} of {report.count} records checked{against}: {verdict}")
+    print(f"{report.path}: {report.checked} of {report.count} records checked{against}: {_verdict(report)}")
     return 0 if report.ok else 1
+
+
+def _verdict(report: VerifyReport) -> str:
+    """The end of ``verify``'s last line: OK or FAILED, with the counts of problems and skipped files."""
+    skipped = len(report.skipped)
+    if not report.compared_with_source:
+        files = f"{skipped} source {_plural(skipped, 'file')} {'was' if skipped == 1 else 'were'} skipped at build time"
+        note = f" ({files} and are not in the database; pass --source to check completeness)" if skipped else ""
+    else:
+        files = f"{skipped} source {_plural(skipped, 'file')} skipped at build time"
+        note = f" ({files}, accepted with --allow-skipped)" if skipped else ""
+    if report.ok:
+        return "OK" + note
+    verdict = f"FAILED: {len(report.problems)} {_plural(len(report.problems), 'problem')}"
+    if skipped and not report.allow_skipped:
+        return f"{verdict}, {files} (pass --allow-skipped to accept them)"
+    return verdict + note
+
+
+def _plural(count: int, noun: str) -> str:
+    return noun if count == 1 else noun + "s"
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -72,6 +132,7 @@ def _bench(args: argparse.Namespace) -> int:
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lightning-lmdb``."""
     parser = argparse.ArgumentParser(prog="lightning-lmdb", description="Pack image folders into one LMDB file; inspect, verify, benchmark it.")
+    parser.add_argument("--version", action="version", version=f"lightning-lmdb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout or flat folder) into the LMDB file TARGET")
@@ -95,6 +156,10 @@ def make_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check every record (exit status 0 only when everything matches)")
     verify.add_argument("target")
     verify.add_argument("--source", default=None, help="compare with the source folder byte for byte")
+    verify.add_argument(
+        "--allow-skipped", action="store_true",
+        help="with --source: accept source files that the build skipped as unreadable (they are still listed)",
+    )
     verify.add_argument("--max-problems", type=int, default=50, help="problems to print")
     verify.set_defaults(func=_verify)
 
@@ -112,17 +177,104 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``lightning-lmdb`` console script."""
+    """Entry point of the ``lightning-lmdb`` console script.
+
+    Returns:
+        The exit status: 0 on success, 1 when ``verify`` found problems, 2 on an expected failure (a
+        missing or damaged file, an I/O error such as a full disk or a permission denied, bad
+        arguments; reported as one ``lightning-lmdb COMMAND: error: ...`` line on stderr, no
+        traceback) and 130 when interrupted with Ctrl-C. Any other exception is a bug and propagates
+        with its traceback.
+    """
     for stream in (sys.stdout, sys.stderr):  # file names that are not valid UTF-8 print as their original bytes
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="surrogateescape")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = make_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except (FileNotFoundError, FileExistsError, ValueError, DatabaseError) as exc:
-        print(f"lightning-lmdb {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        with _interrupt_only_this_process():
+            return args.func(args)
+    except KeyboardInterrupt:
+        rerun = "; rerun to resume" if args.command == "build" else ""
+        _print_error(args.command, f"interrupted{rerun}", prefix="")
+        return EXIT_INTERRUPTED
+    except _EXPECTED_ERRORS as exc:
+        _print_error(args.command, describe_error(exc, args))
+        return EXIT_ERROR
+
+
+def _print_error(command: str, message: str, prefix: str = "error: ") -> None:
+    sys.stdout.flush()
+    print(f"lightning-lmdb {command}: {prefix}{message}", file=sys.stderr)
+
+
+def describe_error(exc: BaseException, args: argparse.Namespace | None = None) -> str:
+    """One line describing an expected failure: what failed, on which file, and what to do.
+
+    Args:
+        exc: The exception (an ``OSError``, ``lmdb.Error``, ``ValueError`` or ``DatabaseError``).
+        args: The parsed command line, to name the files involved when the exception does not.
+
+    Returns:
+        The message, without newlines.
+    """
+    command = getattr(args, "command", None)
+    target = getattr(args, "target", None)
+    context = f" (while {_ACTIVITY.get(command, 'working on')} {str(target)!r})" if target is not None else ""
+    hint = None
+    if isinstance(exc, OSError) and exc.strerror:
+        # Only the system's own text ("Permission denied") lacks context and advice; our messages carry both.
+        system_text = exc.errno is not None and exc.strerror == os.strerror(exc.errno)
+        message = exc.strerror  # without the "[Errno N]" prefix
+        names = [_path_text(name) for name in (exc.filename, exc.filename2) if name is not None]
+        if names:
+            message += ": " + " -> ".join(repr(name) for name in names)
+        elif system_text:
+            message += context
+        if system_text:
+            hint = _ERRNO_HINTS.get(exc.errno)
+    elif isinstance(exc, lmdb.Error):
+        message = f"LMDB failed: {exc}{context}"
+        if command == "build":
+            hint = "the disk may be full or failing; check free space and the disk, then rerun (the build resumes where it stopped)"
+        else:
+            hint = "the file may be damaged or on a failing disk; copy it again or rebuild it"
+    else:
+        message = str(exc) or type(exc).__name__
+    if hint:
+        message += f"; {hint}"
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+_ACTIVITY = {"build": "building", "info": "reading", "verify": "verifying", "bench": "benchmarking"}
+
+
+def _path_text(name: Any) -> str:
+    return os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else str(name)
+
+
+@contextlib.contextmanager
+def _interrupt_only_this_process() -> Iterator[None]:
+    """Make Ctrl-C interrupt this process only, not its forked worker processes.
+
+    Ctrl-C sends SIGINT to the whole foreground process group; each builder worker would die printing
+    its own traceback. With this handler (inherited by forked children) the workers ignore it, and
+    this process raises ``KeyboardInterrupt``, which stops the pool and reports one line.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # handlers can only be set from the main thread; an ignored SIGINT (background job) or a caller's handler stays
+        return
+    owner = os.getpid()
+
+    def handler(signum: int, frame: Any) -> None:
+        if os.getpid() == owner:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 SUMMARY_NAME = "perf_summary.json"
 REFERENCE_BACKEND = "raw"
 _ROWS = (  # (label, epoch key, scale, format)
+    ("samples", "samples", 1.0, "{:.0f}"),
     ("epoch time s", "epoch_time_s", 1.0, "{:.2f}"),
     ("samples/s", "samples_per_s", 1.0, "{:.1f}"),
     ("data wait %", "data_wait_frac", 100.0, "{:.1f}"),

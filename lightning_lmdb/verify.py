@@ -22,18 +22,26 @@ class VerifyReport:
         path: The database checked.
         count: Records in the database.
         checked: Records compared (checksum, and source when given).
-        problems: One line per mismatch; empty when everything matches.
+        problems: One line per mismatch, naming the file; empty when everything matches.
+        skipped: Source files the build left out as unreadable, with the reason it recorded: with a
+            source, those still in the source folder (so missing from the database); without one,
+            every recorded skip.
+        allow_skipped: Whether ``skipped`` files are accepted (they are listed but do not fail the check).
+        compared_with_source: Whether the records were compared with a source folder.
     """
 
     path: Path
     count: int
     checked: int = 0
     problems: list[str] = field(default_factory=list)
+    skipped: list[fmt.Skipped] = field(default_factory=list)
+    allow_skipped: bool = True
+    compared_with_source: bool = False
 
     @property
     def ok(self) -> bool:
-        """True when every check passed."""
-        return not self.problems
+        """True when every check passed: no problems, and no skipped files unless they are allowed."""
+        return not self.problems and (self.allow_skipped or not self.skipped)
 
 
 def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -65,34 +73,52 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def verify_lmdb(path: str | os.PathLike[str], source: str | os.PathLike[str] | None = None) -> VerifyReport:
+def verify_lmdb(
+    path: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *, allow_skipped: bool = False
+) -> VerifyReport:
     """Check every record against its stored checksum and, with ``source``, against the source files.
 
-    With a source folder, the file set must match (added or removed files are reported) and each
-    record must equal its file: the same bytes for ``encoded`` storage, the same decoded RGB pixels
-    for ``decoded`` storage.
+    Without a source this checks the database's integrity only: every record is present and matches
+    its checksum. Files the build skipped as unreadable are listed (``report.skipped``) but do not
+    fail the check, since the database is whole as built.
+
+    With a source folder it also checks completeness: the file sets must match, and each record must
+    equal its file (the same bytes for ``encoded`` storage, the same decoded RGB pixels for
+    ``decoded`` storage). Reported as problems: source files missing from the database (e.g. added
+    after the build), database records no longer in the source (deleted or renamed since), records
+    that differ from their file (modified since). Source files the build skipped as unreadable are
+    missing too: they are listed in ``report.skipped`` with the reason recorded at build time and
+    fail the check unless ``allow_skipped`` is True.
 
     Args:
         path: The database file.
         source: The folder it was built from, to compare byte for byte (optional).
+        allow_skipped: With ``source``, accept source files that the build skipped (they are still
+            listed in ``report.skipped``). Without a source, skipped files never fail the check.
 
     Returns:
         A report; ``report.ok`` is True only when everything matches.
 
     Raises:
         FileNotFoundError, DatabaseError: The database cannot be opened (see ``format.open_env``).
+        FileNotFoundError, ValueError: ``source`` is missing or holds no images (see ``folder.scan_folder``).
     """
     with fmt.reading(path) as opened:
         env = opened.env
         meta = fmt.read_meta(env, path)
-        report = VerifyReport(Path(path), meta.count)
+        with_source = source is not None
+        report = VerifyReport(Path(path), meta.count, allow_skipped=allow_skipped or not with_source, compared_with_source=with_source)
         files = {}
-        if source is not None:
+        if source is None:
+            report.skipped = list(meta.skipped)
+        else:
             scan = scan_folder(source)
             files = {f.relpath: f for f in scan.files}
+            in_source = files.keys() | {relpath for relpath, _ in scan.special}
             stored = set(meta.paths)
-            skipped = {s.path for s in meta.skipped}
-            report.problems += [f"{p}: in the source but not in the database" for p in sorted(files.keys() - stored - skipped)]
+            report.skipped = [s for s in meta.skipped if s.path in in_source and s.path not in stored]
+            skipped = {s.path for s in report.skipped}
+            report.problems += [f"{p}: in the source but not in the database" for p in sorted(in_source - stored - skipped)]
             report.problems += [f"{p}: in the database but no longer in the source" for p in sorted(stored - files.keys())]
         records = opened.records
         with env.begin(db=records, buffers=True) as txn:

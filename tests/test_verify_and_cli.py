@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
 import pytest
-from imagegen import make_jpegs
+from imagegen import make_jpegs, truncated_jpeg
 from PIL import Image
 
+import lightning_lmdb
 from lightning_lmdb import format as fmt
+from lightning_lmdb import verify, writer
 from lightning_lmdb.cli import main
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb.writer import BuildError, DiskFullError, build_lmdb
 
 
 @pytest.fixture
@@ -137,3 +144,229 @@ def test_file_names_that_are_not_utf8(tmp_path: Path) -> None:
                             capture_output=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert b"(c0/\xff\xfe_latin1.png): differs from the source file" in result.stdout, "the name prints as its original bytes"
+
+
+# --- the CLI: --version, and expected failures as one line ------------------------------------------
+
+
+def test_cli_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--version"])
+    assert excinfo.value.code == 0
+    assert capsys.readouterr().out == f"lightning-lmdb {lightning_lmdb.__version__}\n"
+
+
+def _raising(error: BaseException) -> Callable[..., None]:
+    """A stand-in for a library function that fails with ``error``."""
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise error
+
+    return fail
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"lightning-lmdb {command}: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "expected"),
+    [
+        (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 2,
+         ["error: No space left on device (while building '{target}')", "free some space"]),
+        (PermissionError(errno.EACCES, "Permission denied", "/ro/x.lmdb"), 2, ["error: Permission denied: '/ro/x.lmdb'", "permissions"]),
+        (OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/x.lmdb"), 2, ["'/ro/x.lmdb'", "read-only"]),
+        (DiskFullError(errno.ENOSPC, "The disk holding /d is full (1.0 MB free). Free space and rerun."), 2,
+         ["error: The disk holding /d is full (1.0 MB free). Free space and rerun."]),
+        (lmdb.Error("mdb_txn_commit: Input/output error"), 2,
+         ["error: LMDB failed: mdb_txn_commit: Input/output error", "'{target}'", "rerun"]),
+        (BuildError("/s/c0/bad.jpg: corrupt\nNothing was lost: rerun."), 2, ["error: /s/c0/bad.jpg: corrupt Nothing was lost: rerun."]),
+        (KeyboardInterrupt(), 130, ["interrupted; rerun to resume"]),
+    ],
+    ids=["ENOSPC", "EACCES", "EROFS", "DiskFullError", "lmdb.Error", "multi-line", "Ctrl-C"],
+)
+def test_cli_build_failures_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    error: BaseException, status: int, expected: list[str],
+) -> None:
+    monkeypatch.setattr(writer, "build", _raising(error))
+    target = tmp_path / "x.lmdb"
+    assert main(["build", str(tmp_path), str(target), "--quiet"]) == status
+    line = _one_error_line(capsys, "build")
+    for text in expected:
+        assert text.format(target=target) in line
+    assert "[Errno" not in line
+
+
+def test_cli_info_and_verify_failures_are_one_line(
+    built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, db = built
+    monkeypatch.setattr(verify, "describe_lmdb", _raising(lmdb.Error("mdb_cursor_get: Input/output error")))
+    assert main(["info", str(db)]) == 2
+    assert "LMDB failed: mdb_cursor_get: Input/output error" in _one_error_line(capsys, "info")
+    monkeypatch.setattr(verify, "verify_lmdb", _raising(PermissionError(errno.EACCES, "Permission denied", str(source))))
+    assert main(["verify", str(db), "--source", str(source)]) == 2
+    assert f"Permission denied: '{source}'" in _one_error_line(capsys, "verify")
+
+
+@pytest.mark.parametrize("below", ["x.lmdb", "sub/x.lmdb"], ids=["parent-is-a-file", "ancestor-is-a-file"])
+def test_cli_build_target_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], below: str) -> None:
+    source = make_jpegs(tmp_path / "src", 2, size=16)
+    (tmp_path / "afile").write_text("not a folder")
+    assert main(["build", str(source), str(tmp_path / "afile" / below), "--workers", "0", "--quiet"]) == 2
+    line = _one_error_line(capsys, "build")
+    assert str(tmp_path / "afile") in line
+    assert "choose another path" in line
+
+
+@pytest.mark.slow
+def test_cli_subprocess_target_under_a_file_prints_no_traceback(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 2, size=16)
+    (tmp_path / "afile").write_text("not a folder")
+    target = tmp_path / "afile" / "sub" / "x.lmdb"
+    result = subprocess.run([sys.executable, "-m", "lightning_lmdb.cli", "build", str(source), str(target)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [f"lightning-lmdb build: error: Not a directory: '{tmp_path / 'afile' / 'sub'}'; "
+                                          "a part of that path is a file, not a folder; choose another path"]
+
+
+_SLOW_BUILD = textwrap.dedent("""
+    import os, sys, time
+    from lightning_lmdb import writer
+    from lightning_lmdb.cli import main
+
+    read_one = writer._read_one
+
+    def slow_read(task):
+        open(os.path.join(os.environ["MARKS"], f"{os.getpid()}-{task[0]}"), "w").close()
+        time.sleep(0.05)
+        return read_one(task)
+
+    writer._read_one = slow_read
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_parallel_build_prints_one_line_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = make_jpegs(tmp_path / "src", 80, size=16)
+    target = tmp_path / "db.lmdb"
+    marks = tmp_path / "marks"  # one file per task a worker started: "<worker pid>-<task index>"
+    marks.mkdir()
+    args = ["build", str(source), str(target), "--workers", "2", "--quiet", "--commit-every", "2"]
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, "MARKS": str(marks)})
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            started = [name.split("-")[0] for name in os.listdir(marks)]
+            if len(set(started)) == 2 and len(started) >= 25:  # both workers busy, the first chunks done and committed
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the build ended before it could be interrupted"
+        time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the builder and its workers all get SIGINT
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, "no worker process may print a traceback"
+    assert err.splitlines() == ["lightning-lmdb build: interrupted; rerun to resume"]
+    assert main(["build", str(source), str(target), "--workers", "0", "--quiet"]) == 0
+    assert "resumed, 80 records" in capsys.readouterr().out
+
+
+def test_cli_sigint_handler_is_scoped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    seen = []
+
+    def build(*args: object, **kwargs: object) -> None:
+        seen.append(signal.getsignal(signal.SIGINT))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(writer, "build", build)
+    assert main(["build", str(tmp_path), str(tmp_path / "x.lmdb")]) == 2
+    assert seen[-1] not in (signal.default_int_handler, signal.SIG_IGN), "workers must ignore SIGINT while the CLI runs"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "restored afterwards"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # e.g. started as a background job: stays uninterruptible
+    try:
+        assert main(["build", str(tmp_path), str(tmp_path / "x.lmdb")]) == 2
+        assert seen[-1] is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    capsys.readouterr()
+
+
+# --- verify --source: completeness, skipped files -----------------------------------------------------
+
+
+@pytest.fixture
+def built_with_skips(tmp_path: Path) -> tuple[Path, Path]:
+    """A database built with on_error="skip" from a folder with two unreadable files."""
+    source = make_jpegs(tmp_path / "src", 6, size=16)
+    (source / "c0" / "x_corrupt.jpg").write_bytes(truncated_jpeg())
+    (source / "c1" / "x_text.jpg").write_text("hello, I am not a JPEG")
+    db = build_lmdb(source, tmp_path / "db.lmdb", workers=0, progress=False, on_error="skip")
+    return source, db
+
+
+def test_verify_with_source_fails_on_skipped_files(built_with_skips: tuple[Path, Path]) -> None:
+    source, db = built_with_skips
+    report = verify_lmdb(db, source)
+    assert not report.ok
+    assert report.problems == []
+    reasons = {s.path: s.reason for s in report.skipped}
+    assert reasons.keys() == {"c0/x_corrupt.jpg", "c1/x_text.jpg"}
+    assert "corrupt or truncated" in reasons["c0/x_corrupt.jpg"] and "not an image" in reasons["c1/x_text.jpg"]
+    allowed = verify_lmdb(db, source, allow_skipped=True)
+    assert allowed.ok and len(allowed.skipped) == 2
+    integrity = verify_lmdb(db)
+    assert integrity.ok and len(integrity.skipped) == 2, "without a source, skips are listed but only integrity is checked"
+
+
+def test_verify_with_source_reports_added_and_deleted_files_beside_skips(built_with_skips: tuple[Path, Path]) -> None:
+    source, db = built_with_skips
+    Image.new("RGB", (8, 8)).save(source / "c1" / "added_later.png")
+    (source / "c0" / "img_00002.jpg").unlink()
+    (source / "c1" / "x_text.jpg").unlink()  # a skipped file deleted since: no longer missing from the database
+    report = verify_lmdb(db, source, allow_skipped=True)
+    assert not report.ok
+    assert report.problems == [
+        "c1/added_later.png: in the source but not in the database",
+        "c0/img_00002.jpg: in the database but no longer in the source",
+    ]
+    assert [s.path for s in report.skipped] == ["c0/x_corrupt.jpg"]
+
+
+def test_cli_verify_skipped_files(built_with_skips: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    source, db = built_with_skips
+    assert main(["verify", str(db), "--source", str(source)]) == 1
+    out = capsys.readouterr().out
+    assert "c0/x_corrupt.jpg: skipped at build time: " in out and "corrupt or truncated" in out
+    assert "c1/x_text.jpg: skipped at build time: " in out
+    assert out.splitlines()[-1].endswith(
+        "FAILED: 0 problems, 2 source files skipped at build time (pass --allow-skipped to accept them)"
+    )
+    assert main(["verify", str(db), "--source", str(source), "--allow-skipped"]) == 0
+    out = capsys.readouterr().out
+    assert "c0/x_corrupt.jpg: skipped at build time" in out
+    assert out.splitlines()[-1].endswith("OK (2 source files skipped at build time, accepted with --allow-skipped)")
+    assert main(["verify", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "c1/x_text.jpg: skipped at build time" in out and ": OK (2 source files were skipped" in out
+    assert main(["info", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: 2" in out and "c0/x_corrupt.jpg: " in out and "corrupt or truncated" in out
+    assert main(["info", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"] == describe_lmdb(db)["skipped"] == [
+        {"path": s.path, "reason": s.reason} for s in fmt.load_meta(db).skipped
+    ]
