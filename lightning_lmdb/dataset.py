@@ -145,6 +145,7 @@ class LMDBImageDataset(_ImageDataset):
         with fmt.reading(self.path) as opened:  # left open only if it was open before
             meta = fmt.read_meta(opened.env, self.path)
             self.build_id: str = opened.build_id
+        self._build_id_bytes = self.build_id.encode("ascii", "replace")
         self.storage: str = meta.storage
         super().__init__(meta.classes, meta.class_to_idx, meta.targets, meta.paths, transform, target_transform, indices)
 
@@ -153,11 +154,18 @@ class LMDBImageDataset(_ImageDataset):
         if opened.build_id != self.build_id:
             self._check_same_database()
             opened = fmt.shared(self.path, readahead=self.readahead, fresh=False)
-        with opened.env.begin(db=opened.records, buffers=True) as txn:
-            value = txn.get(fmt.record_key(row))
-            if value is None:
-                raise fmt.DatabaseError(f"Record {row} is missing from {self.path!r}: the database is damaged; rebuild it.")
-            return record_to_image(value, self.storage, name=f"{self.path}[{row}] ({self._all_paths[row]})")
+        with opened.env.begin(buffers=True) as txn:
+            # The build id is read in the same transaction as the record (~1 us): a file copied in place over
+            # an open one (same inode) is noticed at the next sample, not served under this dataset's labels.
+            build_id = txn.get(fmt.BUILD_ID_KEY)
+            if build_id is None or bytes(build_id) == self._build_id_bytes:
+                value = txn.get(fmt.record_key(row), db=opened.records)
+                if value is None:
+                    raise fmt.DatabaseError(f"Record {row} is missing from {self.path!r}: the database is damaged; rebuild it.")
+                return record_to_image(value, self.storage, name=f"{self.path}[{row}] ({self._all_paths[row]})")
+        fmt.close(self.path)  # the file changed under this process's mapping: reopen it and report
+        self._check_same_database()
+        raise fmt.DatabaseError(f"{self.path!r} changed while it was open; create the dataset again.")  # pragma: no cover
 
     def _check_same_database(self) -> None:
         """Raise if the file at ``path`` is no longer the build this dataset was created on."""

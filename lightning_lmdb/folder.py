@@ -123,7 +123,8 @@ def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
         samples = sorted(
             (entry.path, NO_TARGET)
             for entry in os.scandir(root)
-            if entry.is_file() and has_file_allowed_extension(entry.name, IMG_EXTENSIONS)
+            # Not is_file(): like make_dataset's os.walk, keep FIFOs, devices and dangling links, reported below.
+            if not entry.is_dir() and has_file_allowed_extension(entry.name, IMG_EXTENSIONS)
         )
     if not samples:
         raise ValueError(

@@ -186,14 +186,15 @@ class Opened:
         path: The absolute path it was opened at.
         env: The environment.
         records: The ``records`` sub-database.
-        identity: ``(st_dev, st_ino)`` of the file when opened (a rebuild renames a new file in place).
+        identity: The file's :func:`_identity` when opened (a rebuild renames a new file in place; a copy
+            over it rewrites the same inode, changing its size or ctime).
         build_id: The build's identity (see :func:`read_build_id`).
     """
 
     path: str
     env: lmdb.Environment
     records: Any
-    identity: tuple[int, int]
+    identity: tuple[int, ...]
     build_id: str
 
 
@@ -212,7 +213,7 @@ def shared(path: str | os.PathLike[str], *, readahead: bool = True, fresh: bool 
         path: The database file.
         readahead: Used when this call opens the environment (the first opener chooses).
         fresh: Check (one ``stat``) that the file at ``path`` is still the one opened; if it was
-            replaced (a rebuild), close the old environment and open the new file. Datasets pass
+            replaced (a rebuild) or rewritten (a copy over it), close the old environment and open the file. Datasets pass
             ``False`` on their per-sample path and compare build ids instead.
 
     Raises:
@@ -227,8 +228,7 @@ def shared(path: str | os.PathLike[str], *, readahead: bool = True, fresh: bool 
         opened = _OPEN.get(key)
         if opened is not None and fresh:
             try:
-                st = os.stat(key)
-                current = (st.st_dev, st.st_ino) == opened.identity
+                current = _identity(os.stat(key)) == opened.identity
             except OSError:
                 current = False
             if not current:
@@ -239,7 +239,7 @@ def shared(path: str | os.PathLike[str], *, readahead: bool = True, fresh: bool 
             try:
                 st = os.stat(key)
                 records = env.open_db(RECORDS_DB, create=False)
-                opened = Opened(key, env, records, (st.st_dev, st.st_ino), read_build_id(env, key))
+                opened = Opened(key, env, records, _identity(st), read_build_id(env, key))
             except lmdb.Error as exc:
                 env.close()
                 raise DatabaseError(f"{key!r} has no records table ({exc}): not a lightning_lmdb database or damaged; rebuild it.") from exc
@@ -248,6 +248,12 @@ def shared(path: str | os.PathLike[str], *, readahead: bool = True, fresh: bool 
                 raise
             _OPEN[key] = opened
         return opened
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """Which file, in which state: device and inode (a rebuild renames a new file onto the path) plus size and
+    ctime (a copy over the path rewrites the same inode; any write changes its ctime, which no tool can set back)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns
 
 
 def close(path: str | os.PathLike[str]) -> None:

@@ -1,53 +1,125 @@
-"""Crash safety (SIGKILL part-way, resume) and concurrent builders of one target."""
+"""Crash safety (SIGKILL at exact points and at random moments, then resume) and concurrent builders of one target.
+
+Every build that may die runs in a child forked from this (already imported) test process and leading
+its own process group (see ``faultkit``): the builder's kill points SIGKILL that group, pool workers
+included, and never pytest.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import random
+import shutil
 import signal
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from imagegen import make_jpegs, read_records
+from faultkit import Child, contents, leftovers, run_forked
+from imagegen import make_jpegs
 
 from lightning_lmdb import format as fmt
-from lightning_lmdb.writer import build
+from lightning_lmdb.writer import FAULT_ENV, build
+
+COUNT, EVERY = 40, 10  # 40 images, a commit every 10: commits 1-4 hold 10-40 records, then the final one
+
+#: (kill point, builder workers): every point in this process, and the pool for the points that matter most.
+KILL_POINTS = [
+    ("commit:1", 0), ("commit:3", 0), ("final", 0), ("rename", 0), ("fsync", 0),
+    ("commit:1", 2), ("final", 2), ("rename", 2),
+]
 
 
-def _contents(path: Path) -> tuple[dict, list[bytes]]:
-    meta, values = read_records(path)
-    meta.pop("created"), meta.pop("build_id")
-    return meta, values
+@pytest.fixture(scope="module")
+def source_and_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("kill")
+    source = make_jpegs(root / "src", COUNT, size=24)
+    return source, build(source, root / "reference.lmdb", workers=0, progress=False).path
 
 
-def _spawn(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _build_report(source: Path, target: Path, **kwargs) -> tuple[str, int, int]:
+    report = build(source, target, progress=False, **kwargs)
+    return report.action, report.records_written, report.count
 
 
-def test_resume_after_sigkill_mid_transaction(tmp_path: Path) -> None:
-    source = make_jpegs(tmp_path / "src", 120, size=48)
+def _rerun_expectation(point: str) -> tuple[str, int]:
+    """(action, records_written) of the rerun after a kill at ``point``."""
+    name, _, n = point.partition(":")
+    if name == "commit":
+        return "resumed", COUNT - EVERY * int(n)  # the committed batches are kept
+    if name in ("final", "rename"):
+        return "resumed", 0  # every record was committed: only the metadata / the rename is left
+    return "up-to-date", 0  # fsync: the finished file was renamed into place before the kill
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("point", "workers"), KILL_POINTS, ids=[f"{p}-workers{w}" for p, w in KILL_POINTS])
+def test_sigkill_at_exact_point_then_rerun_equals_reference(
+    tmp_path: Path, source_and_reference: tuple[Path, Path], point: str, workers: int
+) -> None:
+    source, reference = source_and_reference
     target = tmp_path / "out.lmdb"
-    # Die by SIGKILL (the whole process group, pool workers included) inside the 4th write
-    # transaction, after its records were put and before it commits.
-    proc = _spawn(f"""
-        import os, signal
-        from lightning_lmdb import format as fmt, writer
-        real, calls = fmt.dump_json, []
-        def dump_json(obj):
-            calls.append(1)
-            if len(calls) == 4:
-                os.killpg(0, signal.SIGKILL)
-            return real(obj)
-        writer.fmt.dump_json = dump_json
-        writer.build({str(source)!r}, {str(target)!r}, workers=2, commit_every=10, progress=False)
-    """)
-    proc.wait(timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+    killed = run_forked(build, source, target, workers=workers, commit_every=EVERY, progress=False, env={FAULT_ENV: point})
+    assert killed.status == "signalled" and killed.signum == signal.SIGKILL, f"the builder was not killed at {point}: {killed}"
+
+    partial = fmt.partial_path(target)
+    if point == "fsync":  # renamed already: the target is whole, nothing is left beside it
+        assert contents(target) == contents(reference)
+        assert leftovers(target) == []
+    else:  # the target is absent and says so; the partial is the unfinished (or finished, for rename) build
+        assert not target.exists() and partial.exists()
+        with pytest.raises(fmt.DatabaseError, match="incomplete build"):
+            fmt.open_env(target)
+        if point == "rename":
+            env = fmt.open_env(partial)  # a complete, valid database that only lacks its name
+            assert fmt.read_meta(env, partial).count == COUNT
+            env.close()
+        else:
+            with pytest.raises(fmt.DatabaseError, match="unfinished build"):
+                fmt.open_env(partial)
+    inode = partial.stat().st_ino if point == "rename" else None
+
+    report = build(source, target, workers=workers, commit_every=EVERY, progress=False)
+    assert (report.action, report.records_written, report.count) == (*_rerun_expectation(point), COUNT)
+    if inode is not None:
+        assert target.stat().st_ino == inode, "the finished .partial should have been renamed, not rebuilt"
+    assert leftovers(target) == []
+    assert contents(target) == contents(reference)
+
+
+@pytest.mark.slow
+def test_finished_partial_of_a_changed_source_is_rebuilt_not_renamed(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 8, size=16)
+    target = tmp_path / "out.lmdb"
+    killed = run_forked(build, source, target, workers=0, progress=False, env={FAULT_ENV: "rename"})
+    assert killed.signum == signal.SIGKILL, str(killed)
+    make_jpegs(tmp_path / "more", 1, size=16, seed=5)
+    shutil.copy(tmp_path / "more" / "c0" / "img_00000.jpg", source / "c1" / "extra.jpg")
+
+    report = build(source, target, workers=0, progress=False)
+    assert (report.action, report.records_written, report.count) == ("built", 9, 9)
+    assert contents(target) == contents(build(source, tmp_path / "reference.lmdb", workers=0, progress=False).path)
+
+
+def _build_dying_inside_transaction(source: Path, target: Path, nth: int) -> None:
+    """Build, SIGKILLing the process group inside the ``nth`` write transaction, after its puts, before its commit."""
+    real, calls = fmt.dump_json, []
+
+    def dump_json(obj):
+        calls.append(1)
+        if len(calls) == nth:
+            os.killpg(0, signal.SIGKILL)
+        return real(obj)
+
+    fmt.dump_json = dump_json  # this forked child only
+    build(source, target, workers=2, commit_every=10, progress=False)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_mid_transaction(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 120, size=32)
+    target = tmp_path / "out.lmdb"
+    killed = run_forked(_build_dying_inside_transaction, source, target, 4)
+    assert killed.status == "signalled" and killed.signum == signal.SIGKILL, str(killed)
     assert not target.exists() and fmt.partial_path(target).exists()
     with pytest.raises(fmt.DatabaseError, match="incomplete build"):
         fmt.open_env(target)
@@ -55,55 +127,93 @@ def test_resume_after_sigkill_mid_transaction(tmp_path: Path) -> None:
     report = build(source, target, workers=2, commit_every=10, progress=False)
     assert report.action == "resumed"
     assert report.records_written == 120 - 30, "three batches of ten were committed before the kill"
-    assert not fmt.partial_path(target).exists()
+    assert leftovers(target) == []
     reference = build(source, tmp_path / "reference.lmdb", workers=0, progress=False)
     assert reference.records_written == 120
-    assert _contents(target) == _contents(reference.path)
+    assert contents(target) == contents(reference.path)
 
 
+def _resumable(target: Path) -> bool:
+    """Whether ``TARGET.partial`` holds committed progress (or a finished build) that a rerun will resume."""
+    partial = fmt.partial_path(target)
+    if not partial.exists():
+        return False
+    try:
+        fmt.open_env(partial).close()
+    except fmt.DatabaseError as exc:
+        return "unfinished build" in str(exc)
+    return True  # finished, killed before the rename
+
+
+@pytest.mark.slow
 def test_sigkill_at_random_moments_never_corrupts(tmp_path: Path) -> None:
-    source = make_jpegs(tmp_path / "src", 300, size=64)
+    source = make_jpegs(tmp_path / "src", 300, size=40)
     target = tmp_path / "out.lmdb"
+    reference = build(source, tmp_path / "reference.lmdb", workers=0, commit_every=3, progress=False)
+    expected = contents(reference.path)
     rng = random.Random(0)
-    code = f"""
-        from lightning_lmdb.writer import build
-        build({str(source)!r}, {str(target)!r}, workers=0, commit_every=3, progress=False)
-    """
-    for _ in range(4):
-        proc = _spawn(code)
-        deadline = time.monotonic() + 60
-        while not fmt.partial_path(target).exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, 0.15))
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        if target.exists():  # the build finished before the kill: the finished file must be whole
-            break
+    scale = reference.seconds  # kills land at random within a build's time, adapted to how long builds take now
+    kills, resumable = [], 0
+    for attempt in range(16):
+        child = Child(build, source, target, workers=2 if attempt % 2 else 0, commit_every=3, progress=False)
+        finished = child.exited_within(rng.uniform(0.1, 0.9) * scale)
+        if not finished:
+            child.kill()
+        outcome = child.outcome(timeout=60)
+        if finished:
+            assert outcome.status == "returned", str(outcome)
+        else:
+            assert outcome.status == "signalled" or outcome.status == "returned", str(outcome)  # it may finish as it is killed
+            kills.append(attempt)
+        if target.exists():  # finished (or killed after the rename): the file in place must be whole
+            assert contents(target) == expected
+            assert leftovers(target) == []
+            target.unlink()  # start over, to land more kills part-way
+            scale *= 0.7
+            continue
+        # Killed part-way: the target says the build is incomplete (or that nothing was started yet).
+        with pytest.raises((fmt.DatabaseError, FileNotFoundError), match="incomplete build|No database"):
+            fmt.open_env(target)
+        if _resumable(target):
+            resumable += 1
+            if resumable == 3:
+                break
+        else:
+            scale *= 1.5  # killed before the first commit: aim later
+    assert resumable >= 1, f"kills at attempts {kills}, none after a commit: the kill moments miss the build"
+    resume = _resumable(target)
     report = build(source, target, workers=0, progress=False)
-    assert report.records_written < 300 or report.action == "up-to-date"
-    reference = build(source, tmp_path / "reference.lmdb", workers=0, progress=False)
-    assert _contents(target) == _contents(reference.path)
+    assert report.action == ("resumed" if resume else "built")
+    assert leftovers(target) == []
+    assert contents(target) == expected
 
 
-def test_concurrent_builders_produce_one_build(tmp_path: Path) -> None:
-    source = make_jpegs(tmp_path / "src", 200, size=48)
+@pytest.mark.slow
+@pytest.mark.parametrize("leftover", [False, True], ids=["fresh", "after-a-kill"])
+def test_concurrent_builders_produce_one_build(tmp_path: Path, source_and_reference: tuple[Path, Path], leftover: bool) -> None:
+    source, reference = source_and_reference
     target = tmp_path / "shared.lmdb"
-    code = f"""
-        import json
-        from lightning_lmdb.writer import build
-        report = build({str(source)!r}, {str(target)!r}, workers=1, commit_every=20, progress=False)
-        print(json.dumps({{"action": report.action, "written": report.records_written}}))
-    """
-    procs = [_spawn(code) for _ in range(3)]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    assert sorted(r["action"] for r in results) == ["built", "up-to-date", "up-to-date"]
-    assert sum(r["written"] for r in results) == 200
-    meta, values = _contents(target)
-    assert meta["count"] == len(values) == 200
+    written_before = 0
+    if leftover:  # a killed build left a partial with two batches: exactly one of the four resumes it
+        killed = run_forked(build, source, target, workers=0, commit_every=EVERY, progress=False, env={FAULT_ENV: "commit:2"})
+        assert killed.signum == signal.SIGKILL, str(killed)
+        written_before = 2 * EVERY
+    gate, release = os.pipe()  # every builder blocks on the gate until `release` is closed: one start for all
+    children: list[Child] = []
+    try:
+        for _ in range(4):
+            children.append(Child(_build_report, source, target, workers=0, commit_every=EVERY, gate=gate, close=(release,)))
+    finally:
+        os.close(gate)
+        os.close(release)
+    outcomes = [child.outcome(timeout=120) for child in children]
+    assert all(o.status == "returned" for o in outcomes), "\n".join(map(str, outcomes))
+    actions = sorted(o.value[0] for o in outcomes)
+    assert actions == sorted(["resumed" if leftover else "built"] + ["up-to-date"] * 3)
+    assert sum(o.value[1] for o in outcomes) == COUNT - written_before
+    assert all(o.value[2] == COUNT for o in outcomes)
+    assert leftovers(target) == []
+    assert contents(target) == contents(reference)
 
 
 def test_unusable_partial_is_discarded_and_rebuilt(tmp_path: Path) -> None:
@@ -112,7 +222,7 @@ def test_unusable_partial_is_discarded_and_rebuilt(tmp_path: Path) -> None:
     fmt.partial_path(target).write_bytes(b"garbage left by something else" * 300)
     report = build(source, target, workers=0, progress=False)
     assert report.action == "built" and report.count == 6
-    assert _contents(target)[1] == [Path(p).read_bytes() for p in sorted(map(str, source.rglob("*.jpg")))]
+    assert contents(target)[1] == [Path(p).read_bytes() for p in sorted(map(str, source.rglob("*.jpg")))]
 
 
 def test_partial_with_unreadable_progress_is_discarded(tmp_path: Path) -> None:

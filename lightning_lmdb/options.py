@@ -1,0 +1,78 @@
+"""Every build choice, declared and validated once: :class:`BuildOptions`.
+
+``build_lmdb``, the ``lightning-lmdb build`` command and ``LMDBDataModule`` all construct one, so a bad
+value fails the same way everywhere (at construction, naming the value and the valid choices) and a
+new option is added here only. The CLI takes its ``choices=`` from :data:`CHOICES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, STORAGES
+
+Storage = Literal["encoded", "decoded"]
+OnError = Literal["raise", "skip"]
+OnStale = Literal["rebuild", "error", "ignore"]
+
+#: The valid values of each choice-valued option.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "storage": STORAGES,
+    "on_error": ("raise", "skip"),
+    "on_stale": ("rebuild", "error", "ignore"),
+}
+#: The options that shape a database's contents: stored in its metadata and compared by the stale check.
+CONTENT_OPTIONS = ("storage", "max_pixels")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How to build a database.
+
+    Attributes:
+        storage: ``"encoded"`` keeps each file's original bytes; ``"decoded"`` stores RGB pixels (no decode
+            at read time, a larger file).
+        workers: Reader/decoder processes; ``None`` for one per available core, ``0`` to read in-process.
+        on_error: ``"raise"`` stops at the first bad file naming it; ``"skip"`` leaves bad files out and
+            records them with the reason.
+        on_stale: When the source changed since the target was built: ``"rebuild"``, ``"error"``, or
+            ``"ignore"`` (use the existing database without scanning the source).
+        overwrite: Rebuild even if the existing database is up to date.
+        max_pixels: Refuse images with more pixels (decompression bombs); ``None`` for no limit.
+        commit_every: Records per write transaction (the most work a crash can lose).
+        progress: Show a progress bar.
+
+    Raises:
+        ValueError: A value out of range or not one of the choices (named, with the valid values).
+    """
+
+    storage: Storage = "encoded"
+    workers: int | None = None
+    on_error: OnError = "raise"
+    on_stale: OnStale = "rebuild"
+    overwrite: bool = False
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    commit_every: int = 1000
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}.")
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0):
+            raise ValueError(f"workers={self.workers!r} must be an integer >= 0 (0 reads in this process, None uses every core).")
+        if self.max_pixels is not None and (isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1):
+            raise ValueError(f"max_pixels={self.max_pixels!r} must be a positive integer, or None for no limit.")
+        if isinstance(self.commit_every, bool) or not isinstance(self.commit_every, int) or self.commit_every < 1:
+            raise ValueError(f"commit_every={self.commit_every!r} must be an integer >= 1.")
+
+    def content(self) -> dict[str, Any]:
+        """The options that shape the contents (:data:`CONTENT_OPTIONS`), as stored in the metadata."""
+        return {name: getattr(self, name) for name in CONTENT_OPTIONS}
+
+    def replace(self, **changes: Any) -> BuildOptions:
+        """A copy with some options changed (validated again)."""
+        return dataclasses.replace(self, **changes)
