@@ -32,9 +32,10 @@ from typing import Any
 
 import lmdb
 
+from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.cache import evict, resident_fraction
-from lightning_lmdb.decode import decode_image, record_to_image
+from lightning_lmdb.codec import decode_image, decode_record
 
 #: (name, readahead) of the storages measured; ``None`` means raw files.
 STORAGES: tuple[tuple[str, bool | None], ...] = (("raw", None), ("lmdb readahead=on", True), ("lmdb readahead=off", False))
@@ -66,7 +67,7 @@ def run_read_benchmark(
         workers: Build processes, if a build is needed (``None``: one per core). Reads are measured
             in this one process.
         decode: Also decode every sample to an RGB image (raw files and ``encoded`` records through
-            :func:`~lightning_lmdb.decode.decode_image`), the realistic per-sample cost.
+            :func:`~lightning_lmdb.codec.decode_image`), the realistic per-sample cost.
         seed: Seed of the shuffled order.
         out: Where the table and warnings go (``print`` by default).
 
@@ -90,12 +91,12 @@ def run_read_benchmark(
     target = Path(target).expanduser().absolute()
     storage = _existing_storage(target)
     build_lmdb(source_root, target, storage=storage, workers=workers, progress=False)
-    meta = fmt.load_meta(target)
+    meta = envs.load_meta(target, arrays=True)
     storage = meta.storage
     order = list(range(meta.count))
     random.Random(seed).shuffle(order)
     order = order[:limit]
-    raw_paths = [str(source_root / p) for p in meta.paths]
+    raw_paths = [str(source_root / p) for p in meta.paths.tolist()]  # type: ignore[union-attr]  # arrays=True
     files = [raw_paths[i] for i in order]
     sample = random.Random(seed + 1).sample(raw_paths, min(_RESIDENT_SAMPLE, len(raw_paths)))
 
@@ -146,7 +147,7 @@ def run_read_benchmark(
 def _existing_storage(target: Path) -> str:
     """The storage of an existing finished database at ``target`` (so it is not rebuilt), else ``encoded``."""
     try:
-        return fmt.load_meta(target).storage
+        return envs.load_meta(target).storage
     except (FileNotFoundError, fmt.DatabaseError):
         return "encoded"
 
@@ -165,8 +166,8 @@ def _pass(
             if decode:
                 decode_image(data, max_pixels=None, name=path)
         return time.perf_counter() - started, total
-    fmt.close(target)  # a private environment, to choose readahead (py-lmdb allows one per file per process)
-    env = fmt.open_env(target, readahead=readahead, validate_meta=False)  # checked by the caller
+    envs.close(target)  # a private environment, to choose readahead (py-lmdb allows one per file per process)
+    env = envs.open_env(target, readahead=readahead, validate_meta=False)  # checked by the caller
     try:
         records = env.open_db(fmt.RECORDS_DB, create=False)
         with env.begin(db=records) as txn:
@@ -178,7 +179,7 @@ def _pass(
                     raise fmt.DatabaseError(f"{str(target)!r} has no record {key.decode()}: the database is damaged; rebuild it.")
                 total += len(value)
                 if decode:
-                    record_to_image(value, storage, name=f"{target.name}[{index}]")
+                    decode_record(value, storage, name=f"{target.name}[{index}]")
             seconds = time.perf_counter() - started
     except lmdb.Error as exc:
         raise fmt.DatabaseError(f"Reading {str(target)!r} failed ({exc}): rebuild it.") from exc

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from lightning_lmdb import __version__
-from lightning_lmdb.decode import DEFAULT_MAX_PIXELS
-from lightning_lmdb.format import STORAGES, DatabaseError
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS
+from lightning_lmdb.format import DatabaseError
+from lightning_lmdb.options import CHOICES, BuildOptions
 
 if TYPE_CHECKING:
     from lightning_lmdb.verify import VerifyReport
@@ -51,11 +52,11 @@ _ERRNO_HINTS = {
 def _build(args: argparse.Namespace) -> int:
     from lightning_lmdb.writer import build
 
-    report = build(
-        args.source, args.target, storage=args.storage, workers=args.workers, on_error=args.on_error,
-        overwrite=args.overwrite, on_stale=args.on_stale, max_pixels=args.max_pixels or None,
-        commit_every=args.commit_every, progress=not args.quiet,
+    options = BuildOptions(
+        storage=args.storage, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite, on_stale=args.on_stale,
+        max_pixels=args.max_pixels or None, commit_every=args.commit_every, progress=not args.quiet,
     )
+    report = build(args.source, args.target, options)
     print(
         f"{report.path}: {report.action}, {report.count} records ({report.records_written} written now), "
         f"{len(report.skipped)} skipped, {report.seconds:.1f} s"
@@ -138,10 +139,10 @@ def make_parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout or flat folder) into the LMDB file TARGET")
     build.add_argument("source")
     build.add_argument("target")
-    build.add_argument("--storage", choices=STORAGES, default="encoded", help="encoded: original bytes (default); decoded: RGB pixels")
+    build.add_argument("--storage", choices=CHOICES["storage"], default="encoded", help="encoded: original bytes (default); decoded: RGB pixels")
     build.add_argument("--workers", type=int, default=None, help="reader processes (default: one per core; 0: in this process)")
-    build.add_argument("--on-error", choices=("raise", "skip"), default="raise", help="stop at a bad file (default) or skip and record it")
-    build.add_argument("--on-stale", choices=("rebuild", "error", "ignore"), default="rebuild", help="when the source changed since the last build")
+    build.add_argument("--on-error", choices=CHOICES["on_error"], default="raise", help="stop at a bad file (default) or skip and record it")
+    build.add_argument("--on-stale", choices=CHOICES["on_stale"], default="rebuild", help="when the source changed since the last build")
     build.add_argument("--overwrite", action="store_true", help="rebuild even if up to date")
     build.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, help="refuse larger images (0: no limit)")
     build.add_argument("--commit-every", type=int, default=1000, help="records per transaction")

@@ -17,9 +17,11 @@ from torchvision.datasets.folder import find_classes
 
 from lightning_lmdb import cache, transforms
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
-from lightning_lmdb.decode import DEFAULT_MAX_PIXELS
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS
+from lightning_lmdb.envs import load_meta
 from lightning_lmdb.folder import scan_folder
-from lightning_lmdb.format import DatabaseError, load_meta
+from lightning_lmdb.format import DatabaseError
+from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.writer import available_cores, build_lmdb, find_bad_files
 
 log = logging.getLogger(__name__)
@@ -118,7 +120,7 @@ class LMDBDataModule(pl.LightningDataModule):
         self.dirs = {name: None if d is None else Path(d).expanduser().resolve() for name, d in zip(SPLITS, (train_dir, val_dir, test_dir))}
         self.val_fraction, self.split_seed, self.backend = val_fraction, split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        self.build_options = {"storage": storage, "workers": build_workers, "on_error": on_error, "on_stale": on_stale, "max_pixels": max_pixels}
+        self.build_options = BuildOptions(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale, max_pixels=max_pixels)
         for split, folder in self.dirs.items():
             if folder is not None and not folder.is_dir() and not (on_stale == "ignore" and backend == "lmdb" and self.database_path(split).exists()):
                 raise FileNotFoundError(
@@ -149,7 +151,7 @@ class LMDBDataModule(pl.LightningDataModule):
         folder = self.dirs[split]
         if folder is None:
             raise ValueError(f"No {split}_dir was given.")
-        key = hashlib.sha256(f"{folder}\0{self.build_options['storage']}".encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        key = hashlib.sha256(f"{folder}\0{self.build_options.storage}".encode("utf-8", "surrogatepass")).hexdigest()[:10]
         return self.cache_dir / f"{folder.name}-{key}.lmdb"
 
     def database_paths(self) -> list[Path]:
@@ -164,7 +166,7 @@ class LMDBDataModule(pl.LightningDataModule):
             return
         for split, folder in self.dirs.items():
             if folder is not None:
-                build_lmdb(folder, self.database_path(split), **self.build_options)
+                build_lmdb(folder, self.database_path(split), self.build_options)
 
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
@@ -173,11 +175,13 @@ class LMDBDataModule(pl.LightningDataModule):
         evaluate = stage in (None, "fit", "validate") or (stage == "predict" and self.dirs["test"] is None)
         if self.dirs["train"] is not None and (fit or (evaluate and self.val_fraction)):
             full = self._open("train")
-            train_rows, val_rows = self._split(len(full))
+            if self.val_fraction:  # a seeded split: pickled as (seed, fraction, part), recomputed in each worker
+                train, val = full.split(self.val_fraction, self.split_seed, (self.train_transform, self.eval_transform))
+                self.datasets["val"] = val
+            else:
+                train = full.view(None, self.train_transform)
             if fit:
-                self.datasets["train"] = full.view(train_rows, self.train_transform)
-            if val_rows is not None:
-                self.datasets["val"] = full.view(val_rows, self.eval_transform)
+                self.datasets["train"] = train
         if evaluate and self.dirs["val"] is not None:
             self.datasets["val"] = self._open("val").view(None, self.eval_transform)
         if stage in (None, "test", "predict") and self.dirs["test"] is not None:
@@ -206,25 +210,17 @@ class LMDBDataModule(pl.LightningDataModule):
                 meta = load_meta(database)
             except (FileNotFoundError, DatabaseError):
                 meta = None
-            if meta is not None and meta.source.fingerprint == scan.fingerprint() and meta.options.get("max_pixels") == self.build_options["max_pixels"]:
+            if meta is not None and meta.source.fingerprint == scan.fingerprint() and meta.options.get("max_pixels") == self.build_options.max_pixels:
                 return RawImageDataset.from_database(folder, database)
-        if self.build_options["on_error"] != "skip":
+        if self.build_options.on_error != "skip":
             return RawImageDataset(folder)
-        bad = find_bad_files(scan, max_pixels=self.build_options["max_pixels"], workers=self.build_options["workers"])
+        bad = find_bad_files(scan, max_pixels=self.build_options.max_pixels, workers=self.build_options.workers)
         if bad:
             log.warning("The raw backend leaves out %d bad files of %s, as a build would:\n%s", len(bad), folder,
                         "\n".join(f"  {s.path}: {s.reason}" for s in bad))
         if self.cold_cache:  # validation read every file: make them cold again
             cache.evict([f.path for f in scan.files], sync=False)
         return RawImageDataset(folder, exclude={s.path for s in bad})
-
-    def _split(self, size: int) -> tuple[list[int] | None, list[int] | None]:
-        """(train rows, validation rows) of a seeded split, or (None, None) -- every row, no split -- without ``val_fraction``."""
-        if not self.val_fraction:
-            return None, None
-        order = torch.randperm(size, generator=torch.Generator().manual_seed(self.split_seed)).tolist()
-        n_val = max(1, round(size * self.val_fraction))
-        return sorted(order[n_val:]), sorted(order[:n_val])
 
     @property
     def num_classes(self) -> int:

@@ -1,41 +1,59 @@
 """The on-disk contract of a lightning_lmdb database.
 
-Layout (format version 1)
--------------------------
+Layout (format version 2, written by this version)
+--------------------------------------------------
 
 A database is **one LMDB file** (``subdir=False``), e.g. ``train.lmdb``. Readers open it read-only
 with ``lock=False``, so no lock file is needed beside it and a read-only filesystem works.
 
 * Named sub-database ``records``: one record per image, keyed by its index in scan order as ten
-  ASCII digits (``b"0000000042"``), written with ``append=True``. File names never touch a key.
+  ASCII digits (``b"0000000042"``), written with ``append=True``. File names never touch a key. The
+  value is what :mod:`lightning_lmdb.codec` makes of the file for the database's ``storage``
+  (``encoded``: the file's bytes, untouched; ``decoded``: a pixel header and RGB pixels).
 
-  - ``storage="encoded"``: the value is the source file's bytes, untouched.
-  - ``storage="decoded"``: the value is a 12-byte header (``<III``: height, width, channels) followed
-    by RGB ``uint8`` pixels in row-major ``H x W x C`` order.
-
-* Key ``meta`` of the main database: UTF-8 JSON (never pickle) with
-
-  ``format`` (``"lightning_lmdb"``), ``version``, ``count``, ``storage``, ``classes``,
-  ``class_to_idx``, ``targets`` (``-1`` for unlabelled images), ``paths`` (relative source path of
-  each record), ``checksum`` (algorithm name) and ``checksums`` (one hex digest per record value),
+* Key ``meta`` of the main database: the **header**, small UTF-8 JSON (never pickle) whatever the
+  number of records: ``format`` (``"lightning_lmdb"``), ``version`` (2), ``count``, ``storage``,
+  ``classes``, ``class_to_idx``, ``checksum`` (the per-record digest algorithm, ``blake2b-64``),
   ``source`` (``root``, ``num_files``, ``bytes``, ``fingerprint`` over paths, targets, sizes and
   mtimes), ``options`` (the build options that shape the contents), ``skipped`` (list of
-  ``{"path", "reason"}``), ``created``, ``library_version`` and ``build_id`` (a random identity of
-  this build; absent in databases built before it existed). Readers validate every field's presence
-  and type once at open (:class:`Metadata`): a missing field or a wrong type is a
-  :class:`DatabaseError` naming the field.
+  ``{"path", "reason"}``), ``created``, ``library_version``, ``build_id`` (a random identity of
+  this build) and ``arrays``: the hex ``blake2b-128`` digest of each array below.
+* Key ``meta/digest``: the ``blake2b-128`` digest (16 raw bytes) of the header bytes.
+* The per-record arrays, each one LMDB value, little-endian, no framing:
 
-* Key ``build-id`` of the main database: the same build id as ASCII, so a DataLoader worker can check
-  that the file it opens is the build its dataset was created on without parsing ``meta``.
+  - ``meta/targets``: ``int32`` per record (``-1`` for unlabelled images);
+  - ``meta/checksums``: 8 raw bytes per record, the ``blake2b-64`` digest of its value;
+  - ``meta/paths``: the records' relative source paths, UTF-8 (undecodable bytes of a file name kept
+    with ``surrogateescape``), concatenated;
+  - ``meta/path-offsets``: ``int64`` per record plus one: path ``i`` is ``paths[offsets[i]:offsets[i+1]]``.
 
-  ``meta`` and ``build-id`` are written in the same final transaction that completes the build: a
-  file with no ``meta`` key is not a finished database.
+* Key ``build-id``: the build id again as ASCII, read by every process at open (and by datasets with
+  each record) to notice a file replaced since a dataset was created, without parsing anything.
 
-* Key ``progress`` of the main database exists only while building: JSON with the number of source
-  files consumed, a fingerprint of that prefix of the scan, the options and the files skipped so far.
-  A rerun after a crash resumes from it. The named sub-database ``checksums`` (record key to hex
-  digest, computed by the reader processes) also exists only while building; its digests move into
-  ``meta``.
+Opening reads and checks the header (its digest; every field's presence and type, a wrong one is a
+:class:`DatabaseError` naming it) and the targets (digest and length): a few MB at ImageNet size, no
+Python object per record. Paths and checksums are read, and their digests checked, only by those who
+need them (``verify``, error messages, ``dataset.paths``). LMDB does not checksum its pages: these
+digests are what turns a flipped byte in a label into an error instead of a wrong label.
+
+The header, its digest, the arrays and ``build-id`` are written in the same final transaction that
+completes the build: a file with no ``meta`` key is not a finished database.
+
+Version 1 (still read)
+----------------------
+
+The same file, but ``meta`` held every per-record list inline as JSON (``targets``, ``paths`` and
+``checksums`` as hex strings; no ``arrays``, no ``meta/*`` keys). Datasets and tools read it;
+``build_lmdb`` and ``LMDBDataModule.prepare_data`` treat it as stale and rebuild it in version 2
+(unless ``on_stale="ignore"``).
+
+While building
+--------------
+
+Key ``progress`` of the main database exists only while building: JSON with the number of source
+files consumed, a fingerprint of that prefix of the scan, the options and the files skipped so far.
+A rerun after a crash resumes from it. The named sub-database ``checksums`` (record key to hex digest,
+computed by the reader processes) also exists only while building.
 
 Files beside the target ``X.lmdb`` while building: ``X.lmdb.partial`` (the database being built, renamed
 onto ``X.lmdb`` when complete), ``X.lmdb.partial-lock`` (LMDB's writer lock) and ``X.lmdb.build-lock``
@@ -44,15 +62,12 @@ onto ``X.lmdb`` when complete), ``X.lmdb.partial-lock`` (LMDB's writer lock) and
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
-import struct
-import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,17 +75,26 @@ from typing import Any
 import lmdb
 import numpy as np
 
+from lightning_lmdb.codec import STORAGES
+
 FORMAT_NAME = "lightning_lmdb"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 RECORDS_DB = b"records"
 META_KEY = b"meta"
+META_DIGEST_KEY = b"meta/digest"
 BUILD_ID_KEY = b"build-id"
 PROGRESS_KEY = b"progress"
 CHECKSUMS_DB = b"checksums"
 KEY_WIDTH = 10
 CHECKSUM_ALGO = "blake2b-64"
-STORAGES = ("encoded", "decoded")
-_PIXEL_HEADER = struct.Struct("<III")
+CHECKSUM_SIZE = 8
+#: The per-record arrays of format 2: name -> (key, numpy dtype, items per record, extra items).
+ARRAYS: dict[str, tuple[bytes, str, int, int]] = {
+    "targets": (b"meta/targets", "<i4", 1, 0),
+    "checksums": (b"meta/checksums", "u1", CHECKSUM_SIZE, 0),
+    "paths": (b"meta/paths", "u1", 0, 0),  # a blob: its length is given by the offsets
+    "path_offsets": (b"meta/path-offsets", "<i8", 1, 1),
+}
 
 
 class DatabaseError(RuntimeError):
@@ -82,26 +106,13 @@ def record_key(index: int) -> bytes:
     return b"%0*d" % (KEY_WIDTH, index)
 
 
-def checksum(value: bytes | memoryview) -> str:
-    """Hex digest stored per record in the metadata."""
-    return hashlib.blake2b(value, digest_size=8).hexdigest()
+def checksum(value: bytes | memoryview) -> bytes:
+    """The digest stored per record (:data:`CHECKSUM_SIZE` raw bytes)."""
+    return hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest()
 
 
-def encode_pixels(pixels: np.ndarray) -> bytes:
-    """Serialise an ``H x W x C`` ``uint8`` array as a ``decoded`` record value."""
-    if pixels.dtype != np.uint8 or pixels.ndim != 3:
-        raise ValueError(f"Expected an H x W x C uint8 array, got shape {pixels.shape} dtype {pixels.dtype}.")
-    height, width, channels = pixels.shape
-    return _PIXEL_HEADER.pack(height, width, channels) + np.ascontiguousarray(pixels).tobytes()
-
-
-def decode_pixels(value: bytes | memoryview) -> np.ndarray:
-    """Parse a ``decoded`` record value into an ``H x W x C`` ``uint8`` array (a copy)."""
-    height, width, channels = _PIXEL_HEADER.unpack_from(value)
-    expected = _PIXEL_HEADER.size + height * width * channels
-    if len(value) != expected:
-        raise DatabaseError(f"Decoded record holds {len(value)} bytes, its header promises {expected}: the database is damaged.")
-    return np.frombuffer(value, dtype=np.uint8, offset=_PIXEL_HEADER.size).reshape(height, width, channels).copy()
+def _digest(data: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def partial_path(target: Path) -> Path:
@@ -114,229 +125,48 @@ def build_lock_path(target: Path) -> Path:
     return target.with_name(target.name + ".build-lock")
 
 
-def open_env(path: str | os.PathLike[str], *, readahead: bool = True, validate_meta: bool = True) -> lmdb.Environment:
-    """Open a finished database read-only after checking it is whole and ours (a private environment).
-
-    Most callers want :func:`shared` instead: py-lmdb refuses a second environment on a file this process
-    already has open. This is for callers that need an environment of their own (e.g. to choose
-    ``readahead``) and have closed this process's shared one first (:func:`close`).
-
-    Args:
-        path: The database file.
-        readahead: Let the OS read ahead on page faults (see ``dataset.py`` for when to turn it off).
-        validate_meta: Parse and check the metadata; ``False`` keeps only the cheap checks.
-
-    Returns:
-        An open read-only environment with no lock file (``lock=False``).
-
-    Raises:
-        FileNotFoundError: No database at ``path``.
-        DatabaseError: Incomplete, foreign, newer-format, truncated or damaged database.
-    """
-    path = Path(path)
-    if not path.exists():
-        if partial_path(path).exists():
-            raise DatabaseError(
-                f"{str(path)!r} is an incomplete build ({partial_path(path).name} exists beside it). "
-                "Run the build again: it resumes where it stopped."
-            )
-        raise FileNotFoundError(f"No database at {str(path)!r}. Build it first: lightning-lmdb build SOURCE {path}")
-    if path.is_dir():
-        raise DatabaseError(
-            f"{str(path)!r} is a folder, not a lightning_lmdb database file (a directory-style LMDB is not ours). "
-            "Build one with: lightning-lmdb build SOURCE TARGET.lmdb"
-        )
-    try:
-        env = lmdb.open(str(path), readonly=True, lock=False, subdir=False, max_dbs=2, readahead=readahead)
-    except lmdb.Error as exc:
-        if "already open" in str(exc):
-            raise DatabaseError(
-                f"{str(path)!r} is already open in this process; use lightning_lmdb.format.shared() or close() it first."
-            ) from exc
-        raise DatabaseError(f"{str(path)!r} is not an LMDB file ({exc}). Point at a file made by lightning-lmdb build.") from exc
-    try:
-        _check_not_truncated(env, path)
-        if validate_meta:
-            read_meta(env, path)
-    except BaseException:
-        env.close()
-        raise
-    return env
+def new_build_id() -> str:
+    """A fresh random build identity (written with the metadata of every finished build)."""
+    return uuid.uuid4().hex
 
 
-def _check_not_truncated(env: lmdb.Environment, path: Path) -> None:
-    # A truncated data file kills readers with SIGBUS on the first touch of a missing page.
-    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    actual = path.stat().st_size
-    if needed > actual:
-        raise DatabaseError(
-            f"{str(path)!r} is truncated: it holds {actual} bytes but its pages need {needed} "
-            "(an interrupted copy or a full disk). Copy it again or rebuild it."
-        )
+def dump_json(obj: Any) -> bytes:
+    """Serialise metadata: compact JSON (ASCII-escaped, so even undecodable file names round-trip)."""
+    return json.dumps(obj, separators=(",", ":")).encode("ascii")
 
 
-# --- one environment per database file per process ------------------------------------------------
+# --- paths without a Python object per record -------------------------------------------------------
 
 
-@dataclass
-class Opened:
-    """This process's read-only environment on one database file.
+class PathTable:
+    """Relative paths as one UTF-8 blob plus offsets: no Python object per path, cheap to share with workers.
 
-    Attributes:
-        path: The absolute path it was opened at.
-        env: The environment.
-        records: The ``records`` sub-database.
-        identity: The file's :func:`_identity` when opened (a rebuild renames a new file in place; a copy
-            over it rewrites the same inode, changing its size or ctime).
-        build_id: The build's identity (see :func:`read_build_id`).
+    ``table[i]`` decodes path ``i``; ``len(table)``; ``table.tolist()``.
     """
 
-    path: str
-    env: lmdb.Environment
-    records: Any
-    identity: tuple[int, ...]
-    build_id: str
+    __slots__ = ("blob", "offsets")
 
+    def __init__(self, blob: np.ndarray, offsets: np.ndarray):
+        self.blob, self.offsets = blob, offsets
 
-_OPEN: dict[str, Opened] = {}
-_OPEN_LOCK = threading.RLock()
+    @classmethod
+    def from_strings(cls, paths: Iterable[str]) -> PathTable:
+        """Pack strings (file names that are not valid UTF-8 kept with ``surrogateescape``)."""
+        encoded = [p.encode("utf-8", "surrogateescape") for p in paths]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        return cls(np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets)
 
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
 
-def shared(path: str | os.PathLike[str], *, readahead: bool = True, fresh: bool = True) -> Opened:
-    """This process's environment on ``path``, opened and checked once and shared by every caller.
+    def __getitem__(self, index: int) -> str:
+        start, stop = int(self.offsets[index]), int(self.offsets[index + 1])
+        return self.blob[start:stop].tobytes().decode("utf-8", "surrogateescape")
 
-    py-lmdb >= 2.0 refuses to open a file twice in one process, so every reader of a database --
-    datasets, ``verify``, ``info``, the builder's up-to-date check -- goes through here. All of them
-    are closed right before any ``fork`` (a child never inherits one) and reopen lazily.
-
-    Args:
-        path: The database file.
-        readahead: Used when this call opens the environment (the first opener chooses).
-        fresh: Check (one ``stat``) that the file at ``path`` is still the one opened; if it was
-            replaced (a rebuild) or rewritten (a copy over it), close the old environment and open the file. Datasets pass
-            ``False`` on their per-sample path and compare build ids instead.
-
-    Raises:
-        FileNotFoundError: No database at ``path``.
-        DatabaseError: Incomplete, foreign, newer-format, truncated or damaged database.
-    """
-    key = os.path.abspath(path)
-    opened = _OPEN.get(key)
-    if opened is not None and not fresh:
-        return opened
-    with _OPEN_LOCK:
-        opened = _OPEN.get(key)
-        if opened is not None and fresh:
-            try:
-                current = _identity(os.stat(key)) == opened.identity
-            except OSError:
-                current = False
-            if not current:
-                close(key)
-                opened = None
-        if opened is None:
-            env = open_env(key, readahead=readahead, validate_meta=False)
-            try:
-                st = os.stat(key)
-                records = env.open_db(RECORDS_DB, create=False)
-                opened = Opened(key, env, records, _identity(st), read_build_id(env, key))
-            except lmdb.Error as exc:
-                env.close()
-                raise DatabaseError(f"{key!r} has no records table ({exc}): not a lightning_lmdb database or damaged; rebuild it.") from exc
-            except BaseException:
-                env.close()
-                raise
-            _OPEN[key] = opened
-        return opened
-
-
-def _identity(st: os.stat_result) -> tuple[int, ...]:
-    """Which file, in which state: device and inode (a rebuild renames a new file onto the path) plus size and
-    ctime (a copy over the path rewrites the same inode; any write changes its ctime, which no tool can set back)."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns
-
-
-def close(path: str | os.PathLike[str]) -> None:
-    """Close this process's environment on ``path`` if one is open (it reopens lazily when needed)."""
-    with _OPEN_LOCK:
-        opened = _OPEN.pop(os.path.abspath(path), None)
-        if opened is not None:
-            opened.env.close()
-
-
-def close_all() -> None:
-    """Close every database environment this process opened (they reopen lazily on the next read)."""
-    with _OPEN_LOCK:
-        while _OPEN:
-            _, opened = _OPEN.popitem()
-            opened.env.close()
-
-
-def open_paths() -> list[str]:
-    """Paths of the database environments open in this process."""
-    return list(_OPEN)
-
-
-os.register_at_fork(before=close_all)
-
-
-@contextlib.contextmanager
-def reading(path: str | os.PathLike[str]) -> Iterator[Opened]:
-    """This process's environment on ``path`` for the ``with`` block; closed after it unless it was open before."""
-    was_open = os.path.abspath(path) in _OPEN
-    opened = shared(path)
-    try:
-        yield opened
-    finally:
-        if not was_open:
-            close(path)
-
-
-def read_build_id(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>") -> str:
-    """The identity of a finished build: the ``build-id`` key, or (older builds) a digest of the metadata bytes."""
-    with env.begin(buffers=True) as txn:
-        value = txn.get(BUILD_ID_KEY)
-        if value is not None:
-            return bytes(value).decode("ascii", "replace")
-        raw = txn.get(META_KEY)
-        if raw is None:
-            _raise_no_meta(txn, path)
-        return "meta:" + hashlib.blake2b(raw, digest_size=16).hexdigest()
-
-
-def load_meta(path: str | os.PathLike[str]) -> Metadata:
-    """Check a database file and return its validated metadata (reusing this process's environment on it).
-
-    Raises:
-        FileNotFoundError: No database at ``path``.
-        DatabaseError: Incomplete, foreign, newer-format, truncated or damaged database.
-    """
-    with reading(path) as opened:
-        return read_meta(opened.env, path)
-
-
-def _raise_no_meta(txn: lmdb.Transaction, path: str | os.PathLike[str]) -> None:
-    if txn.get(PROGRESS_KEY) is not None:
-        raise DatabaseError(f"{str(path)!r} is an unfinished build. Run the build again: it resumes where it stopped.")
-    raise DatabaseError(f"{str(path)!r} is an LMDB file but not a lightning_lmdb database (no metadata). Build one with lightning-lmdb build.")
-
-
-def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>") -> Metadata:
-    """Read and validate the metadata of an open database.
-
-    Raises:
-        DatabaseError: No metadata (incomplete or foreign), unreadable JSON, a newer format version,
-            or a field missing or of the wrong type (named in the message).
-    """
-    with env.begin() as txn:
-        raw = txn.get(META_KEY)
-        if raw is None:
-            _raise_no_meta(txn, path)
-    try:
-        obj = json.loads(bytes(raw).decode("utf-8"))
-    except ValueError as exc:
-        raise DatabaseError(f"Metadata of {str(path)!r} is not valid JSON ({exc}): the database is damaged; rebuild it.") from exc
-    return Metadata.from_json(obj, path)
+    def tolist(self) -> list[str]:
+        """Every path as a string (one Python object each: for tools, not for per-sample paths)."""
+        return [self[i] for i in range(len(self))]
 
 
 # --- the metadata, as a type ------------------------------------------------------------------------
@@ -367,11 +197,13 @@ class Skipped:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Metadata:
     """The validated metadata of a finished database (see the module docstring for the layout).
 
-    Build it with :meth:`from_json` (validates every field once) and read it by attribute.
+    Read it with :func:`read_meta` and by attribute. ``targets`` is always there (a read-only ``int32``
+    array); ``paths`` (a :class:`PathTable`) and ``checksums`` (``count x 8`` bytes) are ``None`` unless
+    asked for (``read_meta(..., arrays=True)``; version 1 databases always carry them).
     """
 
     version: int
@@ -379,69 +211,183 @@ class Metadata:
     storage: str
     classes: list[str]
     class_to_idx: dict[str, int]
-    targets: list[int]
-    paths: list[str]
     checksum: str
-    checksums: list[str]
     source: SourceInfo
     options: dict[str, Any]
     skipped: list[Skipped]
     created: str
     library_version: str
-    build_id: str | None = None
+    build_id: str | None
+    targets: np.ndarray
+    paths: PathTable | None = None
+    checksums: np.ndarray | None = None
 
-    @classmethod
-    def from_json(cls, obj: Any, path: str | os.PathLike[str] = "<database>") -> Metadata:
-        """Validate parsed metadata JSON.
+    def header(self) -> dict[str, Any]:
+        """The format-2 header JSON object, without ``arrays``."""
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "count": self.count,
+            "storage": self.storage,
+            "classes": self.classes,
+            "class_to_idx": self.class_to_idx,
+            "checksum": self.checksum,
+            "source": dataclasses.asdict(self.source),
+            "options": self.options,
+            "skipped": [dataclasses.asdict(s) for s in self.skipped],
+            "created": self.created,
+            "library_version": self.library_version,
+            "build_id": self.build_id,
+        }
 
-        Raises:
-            DatabaseError: Not ours, a newer version, or a field missing or of the wrong type (named).
-        """
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
-            raise DatabaseError(f"{str(path)!r} is an LMDB file but not a lightning_lmdb database. Build one with lightning-lmdb build.")
-        version = obj.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
-            raise DatabaseError(
-                f"{str(path)!r} has format version {version!r}; this lightning_lmdb reads up to {FORMAT_VERSION}. "
-                "Upgrade lightning_lmdb or rebuild the database with this version."
-            )
+
+def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>", *, arrays: bool = False) -> Metadata:
+    """Read and validate the metadata of an open database (version 1 or 2).
+
+    Args:
+        env: The open environment.
+        path: How to name the database in errors.
+        arrays: Also read (and check) the paths and checksums.
+
+    Raises:
+        DatabaseError: No metadata (incomplete or foreign), unreadable JSON, a newer format version, a
+            field missing or of the wrong type (named in the message), or a digest that does not match.
+    """
+    with env.begin(buffers=True) as txn:
+        raw = txn.get(META_KEY)
+        if raw is None:
+            raise_no_meta(txn, path)
+        raw = bytes(raw)
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except ValueError as exc:
+            raise DatabaseError(f"Metadata of {str(path)!r} is not valid JSON ({exc}): the database is damaged; rebuild it.") from exc
+        version = _check_version(obj, path)
+        if version == 1:
+            return _meta_v1(obj, path)
+        digest = txn.get(META_DIGEST_KEY)
+        if digest is None or bytes(digest) != _digest(raw):
+            raise DatabaseError(f"Metadata header of {str(path)!r} does not match its digest: the database is damaged; rebuild it.")
         get = _Fields(obj, path)
         count = get("count", int)
-        storage = get("storage", str)
-        if storage not in STORAGES:
-            get.fail("storage", f"is {storage!r}, not one of {STORAGES}")
-        source = _Fields(get("source", dict), path, "source.")
-        skipped = []
-        for i, item in enumerate(get("skipped", list)):
-            entry = _Fields(item if isinstance(item, dict) else get.fail(f"skipped[{i}]", "is not an object"), path, f"skipped[{i}].")
-            skipped.append(Skipped(entry("path", str), entry("reason", str)))
-        meta = cls(
-            version=version,
-            count=count,
-            storage=storage,
-            classes=get.list_of("classes", str),
-            class_to_idx=get.dict_of("class_to_idx", int),
-            targets=get.list_of("targets", int, length=count),
-            paths=get.list_of("paths", str, length=count),
-            checksum=get("checksum", str),
-            checksums=get.list_of("checksums", str, length=count),
-            source=SourceInfo(source("root", str), source("num_files", int), source("bytes", int), source("fingerprint", str)),
-            options=get("options", dict),
-            skipped=skipped,
-            created=get("created", str),
-            library_version=get("library_version", str),
-            build_id=get("build_id", str) if "build_id" in obj else None,
-        )
-        if count < 0:
-            get.fail("count", f"is {count}")
-        return meta
+        digests = get.dict_of("arrays", str)
+        read = _ArrayReader(txn, path, count, digests)
+        targets = read("targets")
+        paths = checksums = None
+        if arrays:
+            offsets = read("path_offsets")
+            blob = read("paths")
+            if offsets[0] != 0 or offsets[-1] != len(blob) or np.any(np.diff(offsets) < 0):
+                raise DatabaseError(f"Path offsets of {str(path)!r} do not index its path blob: the database is damaged; rebuild it.")
+            paths = PathTable(blob, offsets)
+            checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
+        return _meta(get, version, count, targets, paths, checksums, get("build_id", str))
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object stored under ``meta``."""
-        obj = {"format": FORMAT_NAME, **dataclasses.asdict(self)}
-        if obj["build_id"] is None:
-            del obj["build_id"]
-        return obj
+
+def _check_version(obj: Any, path: str | os.PathLike[str]) -> int:
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
+        raise DatabaseError(f"{str(path)!r} is an LMDB file but not a lightning_lmdb database. Build one with lightning-lmdb build.")
+    version = obj.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
+        raise DatabaseError(
+            f"{str(path)!r} has format version {version!r}; this lightning_lmdb reads versions 1 to {FORMAT_VERSION}. "
+            "Upgrade lightning_lmdb or rebuild the database with this version."
+        )
+    return version
+
+
+def _meta(get: _Fields, version: int, count: int, targets: np.ndarray, paths: PathTable | None, checksums: np.ndarray | None,
+          build_id: str | None) -> Metadata:
+    """The fields both versions share, validated."""
+    if count < 0:
+        get.fail("count", f"is {count}")
+    storage = get("storage", str)
+    if storage not in STORAGES:
+        get.fail("storage", f"is {storage!r}, not one of {STORAGES}")
+    source = _Fields(get("source", dict), get.path, "source.")
+    skipped = []
+    for i, item in enumerate(get("skipped", list)):
+        entry = _Fields(item if isinstance(item, dict) else get.fail(f"skipped[{i}]", "is not an object"), get.path, f"skipped[{i}].")
+        skipped.append(Skipped(entry("path", str), entry("reason", str)))
+    targets.flags.writeable = False
+    return Metadata(
+        version=version,
+        count=count,
+        storage=storage,
+        classes=get.list_of("classes", str),
+        class_to_idx=get.dict_of("class_to_idx", int),
+        checksum=get("checksum", str),
+        source=SourceInfo(source("root", str), source("num_files", int), source("bytes", int), source("fingerprint", str)),
+        options=get("options", dict),
+        skipped=skipped,
+        created=get("created", str),
+        library_version=get("library_version", str),
+        build_id=build_id,
+        targets=targets,
+        paths=paths,
+        checksums=checksums,
+    )
+
+
+def _meta_v1(obj: dict[str, Any], path: str | os.PathLike[str]) -> Metadata:
+    get = _Fields(obj, path)
+    count = get("count", int)
+    targets = np.array(get.list_of("targets", int, length=count), dtype=np.int32)
+    paths = PathTable.from_strings(get.list_of("paths", str, length=count))
+    hexes = get.list_of("checksums", str, length=count)
+    try:
+        checksums = np.frombuffer(bytes.fromhex("".join(hexes)), dtype=np.uint8).reshape(count, CHECKSUM_SIZE)
+    except ValueError:
+        get.fail("checksums", f"should hold {count} hex digests of {CHECKSUM_SIZE} bytes")
+    return _meta(get, 1, count, targets, paths, checksums, get("build_id", str) if "build_id" in obj else None)
+
+
+class _ArrayReader:
+    """Reads one format-2 array: present, the length ``count`` implies, and matching its digest in the header."""
+
+    def __init__(self, txn: lmdb.Transaction, path: str | os.PathLike[str], count: int, digests: dict[str, str]):
+        self.txn, self.path, self.count, self.digests = txn, path, count, digests
+
+    def __call__(self, name: str) -> np.ndarray:
+        key, dtype, per_record, extra = ARRAYS[name]
+        value = self.txn.get(key)
+        expected = self.digests.get(name)
+        if value is None or expected is None:
+            raise DatabaseError(f"{str(self.path)!r} lacks its {name} array ({key.decode()}): the database is damaged; rebuild it.")
+        if _digest(value).hex() != expected:
+            raise DatabaseError(f"The {name} array of {str(self.path)!r} does not match its digest: the database is damaged; rebuild it.")
+        array = np.frombuffer(value, dtype=dtype).copy()  # out of the map: private, never a page fault later
+        if per_record and len(array) != self.count * per_record + extra:
+            raise DatabaseError(f"The {name} array of {str(self.path)!r} holds {len(array)} items for {self.count} records: damaged; rebuild it.")
+        return array
+
+
+def write_meta(txn: lmdb.Transaction, meta: Metadata) -> None:
+    """Write a finished database's metadata in format 2 (header, its digest, the arrays, the build id).
+
+    ``meta.paths`` and ``meta.checksums`` must be set; ``meta.build_id`` too.
+    """
+    if meta.paths is None or meta.checksums is None or meta.build_id is None:
+        raise ValueError("write_meta needs paths, checksums and a build id.")
+    values = {
+        "targets": np.ascontiguousarray(meta.targets, dtype="<i4").tobytes(),
+        "checksums": np.ascontiguousarray(meta.checksums, dtype=np.uint8).tobytes(),
+        "paths": meta.paths.blob.tobytes(),
+        "path_offsets": np.ascontiguousarray(meta.paths.offsets, dtype="<i8").tobytes(),
+    }
+    header = dump_json({**meta.header(), "arrays": {name: _digest(value).hex() for name, value in values.items()}})
+    for name, value in values.items():
+        txn.put(ARRAYS[name][0], value)
+    txn.put(META_KEY, header)
+    txn.put(META_DIGEST_KEY, _digest(header))
+    txn.put(BUILD_ID_KEY, meta.build_id.encode("ascii"))
+
+
+def raise_no_meta(txn: lmdb.Transaction, path: str | os.PathLike[str]) -> None:
+    """Raise the right :class:`DatabaseError` for a file without metadata (an unfinished build, or not ours)."""
+    if txn.get(PROGRESS_KEY) is not None:
+        raise DatabaseError(f"{str(path)!r} is an unfinished build. Run the build again: it resumes where it stopped.")
+    raise DatabaseError(f"{str(path)!r} is an LMDB file but not a lightning_lmdb database (no metadata). Build one with lightning-lmdb build.")
 
 
 class _Fields:
@@ -487,13 +433,3 @@ _JSON_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an obj
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def new_build_id() -> str:
-    """A fresh random build identity (written with the metadata of every finished build)."""
-    return uuid.uuid4().hex
-
-
-def dump_json(obj: Any) -> bytes:
-    """Serialise metadata: compact JSON (ASCII-escaped, so even undecodable file names round-trip)."""
-    return json.dumps(obj, separators=(",", ":")).encode("ascii")

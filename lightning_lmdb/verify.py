@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
-from lightning_lmdb.decode import ImageDecodeError, decode_image
+from lightning_lmdb.codec import ImageDecodeError, RecordError, decode_image, decode_pixels
 from lightning_lmdb.folder import scan_folder
 
 
@@ -50,7 +51,7 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         FileNotFoundError, DatabaseError: As :func:`lightning_lmdb.format.open_env`.
     """
-    meta = fmt.load_meta(path)
+    meta = envs.load_meta(path)
     size = Path(path).stat().st_size
     source = meta.source
     return {
@@ -103,9 +104,11 @@ def verify_lmdb(
         FileNotFoundError, DatabaseError: The database cannot be opened (see ``format.open_env``).
         FileNotFoundError, ValueError: ``source`` is missing or holds no images (see ``folder.scan_folder``).
     """
-    with fmt.reading(path) as opened:
+    with envs.reading(path) as opened:
         env = opened.env
-        meta = fmt.read_meta(env, path)
+        meta = fmt.read_meta(env, path, arrays=True)
+        assert meta.paths is not None and meta.checksums is not None  # arrays=True
+        paths = meta.paths.tolist()
         with_source = source is not None
         report = VerifyReport(Path(path), meta.count, allow_skipped=allow_skipped or not with_source, compared_with_source=with_source)
         files = {}
@@ -115,7 +118,7 @@ def verify_lmdb(
             scan = scan_folder(source)
             files = {f.relpath: f for f in scan.files}
             in_source = files.keys() | {relpath for relpath, _ in scan.special}
-            stored = set(meta.paths)
+            stored = set(paths)
             report.skipped = [s for s in meta.skipped if s.path in in_source and s.path not in stored]
             skipped = {s.path for s in report.skipped}
             report.problems += [f"{p}: in the source but not in the database" for p in sorted(in_source - stored - skipped)]
@@ -125,13 +128,13 @@ def verify_lmdb(
             entries = txn.stat(records)["entries"]
             if entries != meta.count:
                 report.problems.append(f"the database holds {entries} records, its metadata says {meta.count}")
-            for index, (relpath, expected) in enumerate(zip(meta.paths, meta.checksums)):
+            for index, (relpath, expected) in enumerate(zip(paths, meta.checksums)):
                 value = txn.get(fmt.record_key(index))
                 report.checked += 1
                 if value is None:
                     report.problems.append(f"record {index} ({relpath}): missing")
                     continue
-                if fmt.checksum(value) != expected:
+                if fmt.checksum(value) != expected.tobytes():
                     report.problems.append(f"record {index} ({relpath}): checksum mismatch, the database is damaged")
                     continue
                 if relpath in files:
@@ -153,7 +156,10 @@ def _compare_with_source(value: memoryview, file_path: str, storage: str) -> str
         pixels = np.asarray(decode_image(data, max_pixels=None, name=file_path))
     except ImageDecodeError as exc:
         return f"the source file no longer decodes ({exc})"
-    stored = fmt.decode_pixels(value)
+    try:
+        stored = decode_pixels(value)
+    except RecordError as exc:
+        return str(exc)
     if stored.shape != pixels.shape or not np.array_equal(stored, pixels):
         return "decoded pixels differ from the source file (the file was modified after the build)"
     return None

@@ -30,14 +30,14 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
+from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
-from lightning_lmdb.decode import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
 from lightning_lmdb.folder import NotRegularFileError, PrefixFingerprint, SourceScan, read_file, scan_folder
+from lightning_lmdb.options import BuildOptions
 
 log = logging.getLogger(__name__)
 
-ON_ERROR = ("raise", "skip")
-ON_STALE = ("rebuild", "error", "ignore")
 _BATCH_BYTES = 64 << 20
 _MIN_MAP_SIZE = 16 << 20
 
@@ -95,100 +95,64 @@ class BuildReport:
 
 
 def build_lmdb(
-    source: str | os.PathLike[str],
-    target: str | os.PathLike[str],
-    *,
-    storage: str = "encoded",
-    workers: int | None = None,
-    on_error: str = "raise",
-    overwrite: bool = False,
-    on_stale: str = "rebuild",
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    commit_every: int = 1000,
-    progress: bool = True,
+    source: str | os.PathLike[str], target: str | os.PathLike[str], options: BuildOptions | None = None, **overrides: Any
 ) -> Path:
     """Pack an image folder into one LMDB file, or return at once if it is already up to date.
 
     Args:
         source: A folder in ImageFolder layout (one subfolder per class) or a flat folder of images.
         target: The database file to create, e.g. ``data/train.lmdb``. Must not lie inside ``source``.
-        storage: ``"encoded"`` keeps each file's original bytes; ``"decoded"`` stores RGB pixels so
-            reading needs no decode (larger file, no decode cost at training time).
-        workers: Reader/decoder processes; ``None`` for one per available core, ``0`` to read in this
-            process.
-        on_error: ``"raise"`` stops at the first bad file with an error naming it; ``"skip"`` leaves
-            bad files out, records them in the metadata and logs a summary.
-        overwrite: Rebuild even if the existing database is up to date.
-        on_stale: When the source changed since the target was built: ``"rebuild"`` it, ``"error"``
-            refuse, or ``"ignore"`` use the existing database without scanning the source.
-        max_pixels: Refuse images with more pixels (decompression bombs); ``None`` for no limit.
-        commit_every: Records per write transaction (the most work a crash can lose).
-        progress: Show a progress bar with images/s and MB/s.
+        options: How to build (:class:`~lightning_lmdb.options.BuildOptions`; default options when ``None``).
+        **overrides: Any option by name, e.g. ``storage="decoded"``, ``workers=0``, ``on_error="skip"``,
+            ``on_stale="ignore"``, ``overwrite=True``, ``max_pixels=None``, ``commit_every=500``,
+            ``progress=False`` (see :class:`~lightning_lmdb.options.BuildOptions` for each).
 
     Returns:
         The path of the finished database.
+
+    Raises:
+        FileNotFoundError: No source folder.
+        ValueError: A bad option, no images, or a target inside the source.
+        FileExistsError: The target exists and is not a lightning_lmdb database (it is never touched).
+        BuildError: A bad file with ``on_error="raise"``.
+        StaleDatabaseError: The source changed, with ``on_stale="error"``.
+        DiskFullError: The disk filled up (a rerun with space resumes).
     """
-    return build(
-        source, target, storage=storage, workers=workers, on_error=on_error, overwrite=overwrite,
-        on_stale=on_stale, max_pixels=max_pixels, commit_every=commit_every, progress=progress,
-    ).path
+    return build(source, target, options, **overrides).path
 
 
 def build(
-    source: str | os.PathLike[str],
-    target: str | os.PathLike[str],
-    *,
-    storage: str = "encoded",
-    workers: int | None = None,
-    on_error: str = "raise",
-    overwrite: bool = False,
-    on_stale: str = "rebuild",
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    commit_every: int = 1000,
-    progress: bool = True,
+    source: str | os.PathLike[str], target: str | os.PathLike[str], options: BuildOptions | None = None, **overrides: Any
 ) -> BuildReport:
     """Like :func:`build_lmdb`, returning a :class:`BuildReport` of what was done."""
     started = time.perf_counter()
-    _check_choice("storage", storage, fmt.STORAGES)
-    _check_choice("on_error", on_error, ON_ERROR)
-    _check_choice("on_stale", on_stale, ON_STALE)
-    if workers is not None and workers < 0:
-        raise ValueError(f"workers={workers} must be >= 0 (0 reads in this process, None uses every core).")
-    if commit_every < 1:
-        raise ValueError(f"commit_every={commit_every} must be >= 1.")
+    options = (options or BuildOptions()).replace(**overrides) if overrides else (options or BuildOptions())
     source_root = Path(source).expanduser().resolve()
     target = Path(target).expanduser().absolute()
     if target.resolve() == source_root or target.resolve().is_relative_to(source_root):
         raise ValueError(f"Target {str(target)!r} lies inside the source {str(source_root)!r}; put the database outside the image folder.")
     target.parent.mkdir(parents=True, exist_ok=True)
-    options = {"storage": storage, "max_pixels": max_pixels}  # what shapes the contents
 
-    if on_stale == "ignore" and not overwrite:
+    if options.on_stale == "ignore" and not options.overwrite:
         meta = _existing_meta(target)
         if meta is not None:
             return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
     scan = scan_folder(source_root)
     with _build_lock(target):
         meta = _existing_meta(target)
-        if meta is not None and not overwrite:
-            if on_stale == "ignore" or _is_current(meta, scan, options):
+        if meta is not None and not options.overwrite:
+            if options.on_stale == "ignore" or _is_current(meta, scan, options.content()):
                 return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
-            reason = _stale_reason(meta, scan, options)
-            if on_stale == "error":
+            reason = _stale_reason(target, meta, scan, options.content())
+            if options.on_stale == "error":
                 raise StaleDatabaseError(
                     f"{str(target)!r} was built {reason}. Rebuild it with on_stale='rebuild' (CLI: --on-stale rebuild), "
                     "or keep it as it is with on_stale='ignore'."
                 )
             log.info("%s was built %s; rebuilding it.", target, reason)
-        workers = available_cores() if workers is None else workers
-        report = _Writer(scan, target, options, on_error, workers, commit_every, progress).run()
+        report = _Writer(scan, target, options).run()
     report.seconds = time.perf_counter() - started
     return report
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}.")
 
 
 def available_cores() -> int:
@@ -204,7 +168,7 @@ def _existing_meta(target: Path) -> fmt.Metadata | None:
     if not target.exists():
         return None
     try:
-        return fmt.load_meta(target)
+        return envs.load_meta(target)
     except fmt.DatabaseError as exc:
         raise FileExistsError(
             f"{str(target)!r} exists and is not a usable lightning_lmdb database ({exc}). "
@@ -213,18 +177,21 @@ def _existing_meta(target: Path) -> fmt.Metadata | None:
 
 
 def _is_current(meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -> bool:
-    return meta.source.fingerprint == scan.fingerprint() and _same_options(meta, options)
+    return meta.version == fmt.FORMAT_VERSION and meta.source.fingerprint == scan.fingerprint() and _same_options(meta, options)
 
 
 def _same_options(meta: fmt.Metadata, options: dict[str, Any]) -> bool:
     return {key: meta.options.get(key) for key in options} == options
 
 
-def _stale_reason(meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -> str:
+def _stale_reason(target: Path, meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -> str:
     """How a database differs from what a build now would make (completes "was built ...")."""
+    if meta.version != fmt.FORMAT_VERSION:
+        return f"in format version {meta.version}; this lightning_lmdb writes version {fmt.FORMAT_VERSION}"
     if not _same_options(meta, options):
         return f"with other options ({meta.options} vs {options})"
-    old = set(meta.paths) | {s.path for s in meta.skipped}
+    paths = envs.load_meta(target, arrays=True).paths
+    old = set(paths.tolist() if paths is not None else []) | {s.path for s in meta.skipped}
     new = {f.relpath for f in scan.files}
     return f"from a source that changed since ({len(new - old)} files added, {len(old - new)} removed, the rest modified or relabelled)"
 
@@ -259,23 +226,22 @@ def _read_one(task: tuple[int, str, str, int | None]) -> tuple[int, bytes | None
     except OSError as exc:
         return index, None, f"cannot read the file ({exc.strerror or exc}). Check its permissions."
     try:
-        image = decode_image(data, max_pixels=max_pixels, name=path)
+        value = encode_record(data, "encoded" if storage == "check" else storage, max_pixels=max_pixels, name=path)
     except ImageDecodeError as exc:
         return index, None, exc.reason
     if storage == "check":  # validation only (find_bad_files): ship nothing back
-        return index, b"", ""
-    value = fmt.encode_pixels(np.asarray(image)) if storage == "decoded" else data
+        return index, b"", b""
     return index, value, fmt.checksum(value)
 
 
 class _Writer:
     """One build of ``scan`` into ``target``: resume or start the partial file, fill it, finish it."""
 
-    def __init__(
-        self, scan: SourceScan, target: Path, options: dict[str, Any], on_error: str, workers: int, commit_every: int, progress: bool
-    ):
-        self.scan, self.target, self.options, self.on_error = scan, target, options, on_error
-        self.workers, self.commit_every, self.progress = workers, commit_every, progress
+    def __init__(self, scan: SourceScan, target: Path, options: BuildOptions):
+        self.scan, self.target, self.on_error = scan, target, options.on_error
+        self.options = options.content()  # what shapes the contents: compared on resume, stored in the metadata
+        self.workers = available_cores() if options.workers is None else options.workers
+        self.commit_every, self.progress = options.commit_every, options.progress
         self.partial = fmt.partial_path(target)
         self.prefix = PrefixFingerprint(scan.files)
         self.written = self.written_bytes = self.commits = 0
@@ -306,7 +272,7 @@ class _Writer:
     def _rename(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(str(self.partial) + "-lock")
-        fmt.close(self.target)  # this process's readers of the old file reopen the new one (and notice the new build)
+        envs.close(self.target)  # this process's readers of the old file reopen the new one (and notice the new build)
         os.replace(self.partial, self.target)
         _fault("fsync")
         _fsync_dir(self.target.parent)
@@ -323,7 +289,7 @@ class _Writer:
         if not self.partial.exists():
             return None
         try:
-            env = fmt.open_env(self.partial, validate_meta=False)
+            env = envs.open_env(self.partial, validate_meta=False)
         except (fmt.DatabaseError, OSError):
             return None
         try:
@@ -345,6 +311,7 @@ class _Writer:
                 state = json.loads(bytes(raw)) if raw is not None else None
                 if (
                     state is not None
+                    and state.get("version") == fmt.FORMAT_VERSION
                     and state["options"] == self.options
                     and 0 < state["consumed"] <= len(self.scan.files)
                     and state["prefix"] == self.scan.fingerprint(state["consumed"])
@@ -414,13 +381,14 @@ class _Writer:
     def _commit(
         self, env: lmdb.Environment, dbs: tuple[Any, Any], batch: list[tuple[bytes, bytes, str]], consumed: int, skipped: list[dict[str, str]]
     ) -> None:
-        state = {"consumed": consumed, "prefix": self.prefix.advance(consumed), "options": self.options, "skipped": skipped}
+        state = {"version": fmt.FORMAT_VERSION, "consumed": consumed, "prefix": self.prefix.advance(consumed), "options": self.options,
+                 "skipped": skipped}
         records, checksums = dbs
 
         def write(txn: lmdb.Transaction) -> None:
             for key, value, digest in batch:
                 txn.put(key, value, db=records, append=True)
-                txn.put(key, digest.encode(), db=checksums, append=True)
+                txn.put(key, digest, db=checksums, append=True)
             txn.put(fmt.PROGRESS_KEY, fmt.dump_json(state))
 
         self._write(env, write, pending=sum(len(value) for _, value, _ in batch))
@@ -459,8 +427,11 @@ class _Writer:
         records, checksum_db = dbs
         with env.begin() as txn:
             entries = txn.stat(records)["entries"]
-            checksums = [bytes(digest).decode() for _, digest in txn.cursor(db=checksum_db)]
-        if not entries == len(checksums) == len(kept):
+            checksums = b"".join(bytes(digest) for _, digest in txn.cursor(db=checksum_db))
+        if len(checksums) != entries * fmt.CHECKSUM_SIZE:
+            raise fmt.DatabaseError(f"{self.partial} holds checksums of the wrong size; delete it and build again.")
+        checksums = np.frombuffer(checksums, dtype=np.uint8).reshape(entries, fmt.CHECKSUM_SIZE)
+        if not entries == len(kept):
             raise fmt.DatabaseError(f"{self.partial} holds {entries} records but {len(kept)} were expected; delete it and build again.")
         if not kept:
             raise BuildError(f"Every image in {str(self.scan.root)!r} was skipped as unreadable; nothing to build. See the reasons above.")
@@ -472,10 +443,7 @@ class _Writer:
             storage=self.options["storage"],
             classes=self.scan.classes,
             class_to_idx=self.scan.class_to_idx,
-            targets=[f.target for f in kept],
-            paths=[f.relpath for f in kept],
             checksum=fmt.CHECKSUM_ALGO,
-            checksums=checksums,
             source=fmt.SourceInfo(
                 root=str(self.scan.root), num_files=len(self.scan.files) + len(self.scan.special),
                 bytes=self.scan.total_bytes, fingerprint=self.scan.fingerprint(),
@@ -485,13 +453,15 @@ class _Writer:
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             library_version=__version__,
             build_id=fmt.new_build_id(),
+            targets=np.array([f.target for f in kept], dtype=np.int32),
+            paths=fmt.PathTable.from_strings(f.relpath for f in kept),
+            checksums=checksums,
         )
 
         def write(txn: lmdb.Transaction) -> None:
-            txn.put(fmt.META_KEY, fmt.dump_json(meta.to_json()))
-            txn.put(fmt.BUILD_ID_KEY, meta.build_id.encode("ascii"))
             txn.delete(fmt.PROGRESS_KEY)
             txn.drop(checksum_db, delete=True)
+            fmt.write_meta(txn, meta)
             _fault("final")
 
         self._write(env, write, pending=0)

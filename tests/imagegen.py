@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
 
 #: (file name stem, PIL mode, extension) of the mixed-mode images in each class folder.
@@ -93,10 +94,35 @@ def truncated_jpeg(rng_seed: int = 1) -> bytes:
     return data[: len(data) // 2]
 
 
+def meta_dict(meta: fmt.Metadata) -> dict:
+    """Metadata (read with ``arrays=True``) as one plain dict: the header plus targets, paths and hex checksums."""
+    assert meta.paths is not None and meta.checksums is not None
+    return {**meta.header(), "targets": meta.targets.tolist(), "paths": meta.paths.tolist(),
+            "checksums": [row.tobytes().hex() for row in meta.checksums]}
+
+
 def read_records(path: Path) -> tuple[dict, list[bytes]]:
-    """(metadata as its JSON object, every record value in key order) of a finished database."""
-    with fmt.reading(path) as opened:
-        meta = fmt.read_meta(opened.env, path).to_json()
+    """(metadata as one plain dict, every record value in key order) of a finished database."""
+    with envs.reading(path) as opened:
+        meta = meta_dict(fmt.read_meta(opened.env, path, arrays=True))
         with opened.env.begin(db=opened.records) as txn:
             values = [bytes(v) for _, v in txn.cursor()]
     return meta, values
+
+
+def downgrade_to_v1(path: Path) -> Path:
+    """Rewrite a finished database's metadata in format version 1, as lightning_lmdb 0.1 wrote it (no build id)."""
+    import lmdb
+
+    with envs.reading(path) as opened:
+        meta = meta_dict(fmt.read_meta(opened.env, path, arrays=True))
+    envs.close(path)
+    meta.update(version=1)
+    del meta["build_id"]
+    env = lmdb.open(str(path), subdir=False, max_dbs=3, lock=False)
+    with env.begin(write=True) as txn:
+        for key in [fmt.META_DIGEST_KEY, fmt.BUILD_ID_KEY, *(key for key, *_ in fmt.ARRAYS.values())]:
+            txn.delete(key)
+        txn.put(fmt.META_KEY, fmt.dump_json(meta))
+    env.close()
+    return path

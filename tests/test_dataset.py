@@ -13,6 +13,7 @@ from torchvision.datasets import ImageFolder
 
 from lightning_lmdb import dataset as ds_module
 from lightning_lmdb import format as fmt
+from lightning_lmdb.codec import STORAGES
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, auto_readahead, close_environments, open_environments
 from lightning_lmdb.transforms import eval_transform, train_transform
 from lightning_lmdb.writer import build_lmdb
@@ -24,7 +25,7 @@ def folder_and_dbs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict
 
     root = tmp_path_factory.mktemp("serve")
     source = make_folder(root / "src")
-    dbs = {s: build_lmdb(source, root / f"{s}.lmdb", storage=s, workers=0, progress=False) for s in fmt.STORAGES}
+    dbs = {s: build_lmdb(source, root / f"{s}.lmdb", storage=s, workers=0, progress=False) for s in STORAGES}
     return source, dbs
 
 
@@ -142,7 +143,7 @@ def test_a_decode_warning_is_printed_once_not_once_per_image(tmp_path: Path) -> 
     from imagegen import make_image, save_image
     from PIL import Image
 
-    from lightning_lmdb.decode import decode_image
+    from lightning_lmdb.codec import decode_image
 
     rng = np.random.default_rng(0)
     for i in range(5):

@@ -20,6 +20,7 @@ from imagegen import make_jpegs, truncated_jpeg
 from PIL import Image
 
 import lightning_lmdb
+from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb import verify, writer
 from lightning_lmdb.cli import main
@@ -40,7 +41,7 @@ def test_truncated_database_is_refused_not_sigbus(built: tuple[Path, Path], tmp_
     with open(cut, "r+b") as handle:
         handle.truncate(db.stat().st_size // 2)
     with pytest.raises(fmt.DatabaseError, match="truncated"):
-        fmt.open_env(cut)
+        envs.open_env(cut)
 
 
 def test_foreign_lmdb_is_refused(tmp_path: Path) -> None:
@@ -50,15 +51,15 @@ def test_foreign_lmdb_is_refused(tmp_path: Path) -> None:
         txn.put(b"image_0", b"whatever")
     env.close()
     with pytest.raises(fmt.DatabaseError, match="not a lightning_lmdb database"):
-        fmt.open_env(foreign)
+        envs.open_env(foreign)
     (tmp_path / "plain.lmdb").write_bytes(b"x" * 10000)
     with pytest.raises(fmt.DatabaseError, match="not an LMDB file"):
-        fmt.open_env(tmp_path / "plain.lmdb")
+        envs.open_env(tmp_path / "plain.lmdb")
     (tmp_path / "dirstyle.lmdb").mkdir()
     with pytest.raises(fmt.DatabaseError, match="is a folder"):
-        fmt.open_env(tmp_path / "dirstyle.lmdb")
+        envs.open_env(tmp_path / "dirstyle.lmdb")
     with pytest.raises(FileNotFoundError, match="lightning-lmdb build"):
-        fmt.open_env(tmp_path / "missing.lmdb")
+        envs.open_env(tmp_path / "missing.lmdb")
 
 
 def test_newer_format_is_refused(built: tuple[Path, Path]) -> None:
@@ -70,7 +71,7 @@ def test_newer_format_is_refused(built: tuple[Path, Path]) -> None:
         txn.put(fmt.META_KEY, fmt.dump_json(meta))
     env.close()
     with pytest.raises(fmt.DatabaseError, match=f"format version {fmt.FORMAT_VERSION + 1}.*Upgrade"):
-        fmt.open_env(db)
+        envs.open_env(db)
 
 
 def test_verify_passes_then_catches_a_modified_source_file(built: tuple[Path, Path]) -> None:
@@ -368,5 +369,5 @@ def test_cli_verify_skipped_files(built_with_skips: tuple[Path, Path], capsys: p
     assert "skipped: 2" in out and "c0/x_corrupt.jpg: " in out and "corrupt or truncated" in out
     assert main(["info", str(db), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] == describe_lmdb(db)["skipped"] == [
-        {"path": s.path, "reason": s.reason} for s in fmt.load_meta(db).skipped
+        {"path": s.path, "reason": s.reason} for s in envs.load_meta(db).skipped
     ]

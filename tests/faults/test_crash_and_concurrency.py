@@ -17,6 +17,7 @@ import pytest
 from faultkit import Child, contents, leftovers, run_forked
 from imagegen import make_jpegs
 
+from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.writer import FAULT_ENV, build
 
@@ -68,14 +69,14 @@ def test_sigkill_at_exact_point_then_rerun_equals_reference(
     else:  # the target is absent and says so; the partial is the unfinished (or finished, for rename) build
         assert not target.exists() and partial.exists()
         with pytest.raises(fmt.DatabaseError, match="incomplete build"):
-            fmt.open_env(target)
+            envs.open_env(target)
         if point == "rename":
-            env = fmt.open_env(partial)  # a complete, valid database that only lacks its name
+            env = envs.open_env(partial)  # a complete, valid database that only lacks its name
             assert fmt.read_meta(env, partial).count == COUNT
             env.close()
         else:
             with pytest.raises(fmt.DatabaseError, match="unfinished build"):
-                fmt.open_env(partial)
+                envs.open_env(partial)
     inode = partial.stat().st_ino if point == "rename" else None
 
     report = build(source, target, workers=workers, commit_every=EVERY, progress=False)
@@ -122,7 +123,7 @@ def test_resume_after_sigkill_mid_transaction(tmp_path: Path) -> None:
     assert killed.status == "signalled" and killed.signum == signal.SIGKILL, str(killed)
     assert not target.exists() and fmt.partial_path(target).exists()
     with pytest.raises(fmt.DatabaseError, match="incomplete build"):
-        fmt.open_env(target)
+        envs.open_env(target)
 
     report = build(source, target, workers=2, commit_every=10, progress=False)
     assert report.action == "resumed"
@@ -139,7 +140,7 @@ def _resumable(target: Path) -> bool:
     if not partial.exists():
         return False
     try:
-        fmt.open_env(partial).close()
+        envs.open_env(partial).close()
     except fmt.DatabaseError as exc:
         return "unfinished build" in str(exc)
     return True  # finished, killed before the rename
@@ -173,7 +174,7 @@ def test_sigkill_at_random_moments_never_corrupts(tmp_path: Path) -> None:
             continue
         # Killed part-way: the target says the build is incomplete (or that nothing was started yet).
         with pytest.raises((fmt.DatabaseError, FileNotFoundError), match="incomplete build|No database"):
-            fmt.open_env(target)
+            envs.open_env(target)
         if _resumable(target):
             resumable += 1
             if resumable == 3:

@@ -7,6 +7,7 @@ that says what is wrong: never a signal, a ``KeyError``/``TypeError`` or a raw `
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import os
@@ -22,6 +23,7 @@ from imagegen import make_jpegs
 from torch.utils.data import DataLoader
 from torchvision.transforms.functional import pil_to_tensor
 
+from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.dataset import LMDBImageDataset
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
@@ -53,13 +55,33 @@ def _edit(path: Path, edit: Callable[[lmdb.Environment, lmdb.Transaction], None]
     return path
 
 
-def _edit_meta(path: Path, change: Callable[[dict], None]) -> Path:
+def _edit_meta(path: Path, change: Callable[[dict], None], *, reseal: bool = True) -> Path:
+    """Edit the header JSON; ``reseal`` also rewrites its digest (so the schema check, not the digest, must catch it)."""
+
     def edit(env: lmdb.Environment, txn: lmdb.Transaction) -> None:
         meta = json.loads(bytes(txn.get(fmt.META_KEY)))
         change(meta)
-        txn.put(fmt.META_KEY, json.dumps(meta).encode())
+        header = json.dumps(meta).encode()
+        txn.put(fmt.META_KEY, header)
+        if reseal:
+            txn.put(fmt.META_DIGEST_KEY, hashlib.blake2b(header, digest_size=16).digest())
 
     return _edit(path, edit)
+
+
+def _flip_array_byte(name: str) -> Callable[[dict[str, Path], Path], Path]:
+    # A flipped bit in a stored array (LMDB does not checksum pages): e.g. a label that silently changed.
+    def edit(env: lmdb.Environment, txn: lmdb.Transaction) -> None:
+        key = fmt.ARRAYS[name][0]
+        value = bytearray(txn.get(key))
+        value[len(value) // 2] ^= 0x01
+        txn.put(key, bytes(value))
+
+    return lambda builds, out: _edit(_copy(builds["b"], out), edit)
+
+
+def _drop_array(name: str) -> Callable[[dict[str, Path], Path], Path]:
+    return lambda builds, out: _edit(_copy(builds["b"], out), lambda env, txn: txn.delete(fmt.ARRAYS[name][0]))
 
 
 def _truncated(builds: dict[str, Path], out: Path) -> Path:
@@ -91,6 +113,10 @@ def _meta_change(change: Callable[[dict], None]) -> Callable[[dict[str, Path], P
     return lambda builds, out: _edit_meta(_copy(builds["b"], out), change)
 
 
+def _header_edited_without_digest(builds: dict[str, Path], out: Path) -> Path:
+    return _edit_meta(_copy(builds["b"], out), lambda m: m["class_to_idx"].update({m["classes"][0]: 1}), reseal=False)
+
+
 def _missing_record(builds: dict[str, Path], out: Path) -> Path:
     # The same build (a, same build id) with record 3 deleted from the records table.
     def edit(env: lmdb.Environment, txn: lmdb.Transaction) -> None:
@@ -111,14 +137,17 @@ CASES: dict[str, tuple[Callable[[dict[str, Path], Path], Path], str | None, str]
     "zero-length": (_zero_length, "not an LMDB file", "not an LMDB file"),
     "garbage": (_garbage, "not an LMDB file", "not an LMDB file"),
     "foreign-lmdb": (_foreign_lmdb, "not a lightning_lmdb database", "not a lightning_lmdb database"),
-    "missing-field": (_meta_change(lambda m: m.pop("paths")), r"field 'paths' is missing", REPLACED),
-    "targets-string": (_meta_change(lambda m: m.update(targets="0,1,0")), r"field 'targets' should be a list", REPLACED),
+    "missing-field": (_meta_change(lambda m: m.pop("classes")), r"field 'classes' is missing", REPLACED),
+    "classes-string": (_meta_change(lambda m: m.update(classes="c0,c1")), r"field 'classes' should be a list", REPLACED),
+    "header-digest": (_header_edited_without_digest, "header .* does not match its digest", REPLACED),
+    "targets-flipped": (_flip_array_byte("targets"), "targets array .* does not match its digest", REPLACED),
+    "targets-missing": (_drop_array("targets"), "lacks its targets array", REPLACED),
     "count-string": (_meta_change(lambda m: m.update(count="12")), r"field 'count' should be an integer", REPLACED),
     "skipped-no-reason": (
         _meta_change(lambda m: m.update(skipped=[{"path": "c0/x.jpg"}])), r"field skipped\[0\]\.'reason' is missing", REPLACED,
     ),
     "newer-version": (
-        _meta_change(lambda m: m.update(version=fmt.FORMAT_VERSION + 1)), "format version 2; this lightning_lmdb reads up to 1", REPLACED,
+        _meta_change(lambda m: m.update(version=fmt.FORMAT_VERSION + 1)), f"format version {fmt.FORMAT_VERSION + 1}; this lightning_lmdb reads versions 1 to {fmt.FORMAT_VERSION}", REPLACED,
     ),
     "missing-record": (_missing_record, "Record 3 is missing", "Record 3 is missing"),
     "replaced": (_replaced, None, REPLACED),
@@ -234,12 +263,12 @@ def _copy_over_open_file_then_reopen(path: Path, other: Path) -> dict[str, objec
 def test_copy_over_an_open_file_is_noticed_by_the_next_open(tmp_path: Path, builds: dict[str, Path]) -> None:
     path = _copy(builds["a"], tmp_path / "data.lmdb")
     other = _copy(builds["b"], tmp_path / "other.lmdb")
-    other_id = fmt.load_meta(other).build_id
+    other_id = envs.load_meta(other).build_id
     outcome = run_forked(_copy_over_open_file_then_reopen, path, other)
     assert outcome.status == "returned", str(outcome)
     value = outcome.value
     assert value["new_build_id"] == value["described"] == other_id, "the new dataset must describe the file now at the path"
-    assert value["new_targets"] == fmt.load_meta(other).targets
+    assert value["new_targets"] == envs.load_meta(other).targets.tolist()
     assert value["old_error"] is not None and REPLACED in value["old_error"], "the old dataset must not serve the other build's records"
 
 

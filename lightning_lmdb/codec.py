@@ -1,19 +1,35 @@
-"""The one place where bytes become pixels.
+"""The storage codec: the one place where source bytes become record values and records become pixels.
 
-Both the builder (validation) and both serving backends (LMDB and raw files) decode through
-:func:`decode_image`, so every path yields the pixels torchvision's ``ImageFolder`` yields: PIL, then
-``convert("RGB")`` exactly like ``torchvision.datasets.folder.pil_loader`` (grayscale, LA, palette with
-transparency, RGBA, CMYK and 16-bit images included; never BGR).
+* :func:`encode_record` (the builder): validate a source file by decoding it fully, and return the
+  value stored for it -- the file's bytes (``storage="encoded"``) or its RGB pixels (``"decoded"``).
+* :func:`decode_record` (the datasets, ``verify``, ``bench``): a stored value back to an RGB image.
+* :func:`decode_image`: what both do with encoded bytes, so every path yields the pixels
+  torchvision's ``ImageFolder`` yields: PIL, then ``convert("RGB")`` exactly like
+  ``torchvision.datasets.folder.pil_loader`` (grayscale, LA, palette with transparency, RGBA, CMYK
+  and 16-bit images included; never BGR).
+
+A new storage mode touches this module only (and :data:`STORAGES`).
+
+``decoded`` record layout: a 12-byte header (``<III``: height, width, channels) followed by RGB
+``uint8`` pixels in row-major ``H x W x C`` order.
 """
 
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 
+import numpy as np
 from PIL import Image
 
-from lightning_lmdb.format import decode_pixels
+#: The storage modes of a database.
+STORAGES = ("encoded", "decoded")
+_PIXEL_HEADER = struct.Struct("<III")
+
+
+class RecordError(ValueError):
+    """A stored record value that does not parse (the database is damaged)."""
 
 #: Default pixel limit: Pillow's own warning threshold (~89.5 megapixels).
 DEFAULT_MAX_PIXELS: int = 89_478_485
@@ -78,7 +94,46 @@ def decode_image(data: bytes | memoryview, *, max_pixels: int | None = DEFAULT_M
             raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
 
 
-def record_to_image(value: bytes | memoryview, storage: str, *, name: str = "<record>") -> Image.Image:
+def encode_pixels(pixels: np.ndarray) -> bytes:
+    """Serialise an ``H x W x C`` ``uint8`` array as a ``decoded`` record value."""
+    if pixels.dtype != np.uint8 or pixels.ndim != 3:
+        raise ValueError(f"Expected an H x W x C uint8 array, got shape {pixels.shape} dtype {pixels.dtype}.")
+    height, width, channels = pixels.shape
+    return _PIXEL_HEADER.pack(height, width, channels) + np.ascontiguousarray(pixels).tobytes()
+
+
+def decode_pixels(value: bytes | memoryview) -> np.ndarray:
+    """Parse a ``decoded`` record value into an ``H x W x C`` ``uint8`` array (a copy).
+
+    Raises:
+        RecordError: The value's length does not match its header.
+    """
+    if len(value) < _PIXEL_HEADER.size:
+        raise RecordError(f"Decoded record holds {len(value)} bytes, less than its {_PIXEL_HEADER.size}-byte header: the database is damaged.")
+    height, width, channels = _PIXEL_HEADER.unpack_from(value)
+    expected = _PIXEL_HEADER.size + height * width * channels
+    if len(value) != expected:
+        raise RecordError(f"Decoded record holds {len(value)} bytes, its header promises {expected}: the database is damaged.")
+    return np.frombuffer(value, dtype=np.uint8, offset=_PIXEL_HEADER.size).reshape(height, width, channels).copy()
+
+
+def encode_record(data: bytes, storage: str, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, name: str = "<bytes>") -> bytes:
+    """Validate a source file's bytes (a full decode) and return the value stored for it.
+
+    Args:
+        data: The file's bytes.
+        storage: ``"encoded"`` (the bytes themselves) or ``"decoded"`` (RGB pixels).
+        max_pixels: Refuse larger images (decompression bombs); ``None`` for no limit.
+        name: How to name the file in errors.
+
+    Raises:
+        ImageDecodeError: Not a decodable image, or over ``max_pixels``.
+    """
+    image = decode_image(data, max_pixels=max_pixels, name=name)
+    return encode_pixels(np.asarray(image)) if storage == "decoded" else data
+
+
+def decode_record(value: bytes | memoryview, storage: str, *, name: str = "<record>") -> Image.Image:
     """Turn a stored record value into an RGB PIL image.
 
     Args:
