@@ -33,7 +33,6 @@ LMDB environments (each point is a failure of the usual recipe, measured with py
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -153,7 +152,8 @@ class _ImageDataset(Dataset):
         return index if rows is None else int(rows[index])
 
     def _with_step(self, step: Split | np.ndarray | None, transform: Callable[[Any], Any] | None) -> _ImageDataset:
-        clone = copy.copy(self)
+        clone = object.__new__(type(self))  # not copy.copy: that goes through __getstate__, which drops the arrays
+        clone.__dict__.update(self.__dict__)
         clone._steps = self._steps if step is None else (*self._steps, step)
         clone._rows = None
         clone.transform = transform

@@ -102,6 +102,7 @@ def test_views_and_splits_pickle_as_a_recipe_not_a_row_list(tmp_path: Path) -> N
     dataset = LMDBImageDataset(build(source, tmp_path / "db.lmdb", workers=0, progress=False).path)
     train, val = dataset.split(0.1, seed=7)
     assert len(train) == 360 and len(val) == 40 and not set(train.paths) & set(val.paths)
+    assert train._targets is dataset._targets, "a view shares its parent's arrays (a forked worker then copies nothing)"
     picked = dataset.view([5, 3, 399], None).view([2, 0], None)  # views compose
     for view in (dataset, train, val, picked, val.view([1, 0], None)):
         clone = pickle.loads(pickle.dumps(view))
