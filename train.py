@@ -3,6 +3,8 @@
     python train.py data=lmdb                 # one run (demo dataset generated on first use)
     python train.py -m data=raw,lmdb          # A/B: comparison.txt + comparison.png in the multirun dir
     python train.py data.train_dir=/my/images data.cold_cache=true
+    python train.py checkpoint_every_n_steps=5          # kill it mid-epoch, then resume:
+    python train.py ckpt_path=outputs/<date>/<time>/checkpoints/last.ckpt
 
 Each run logs per-epoch wall time, samples/s, data-wait time and fraction, and GPU utilisation
 (``lightning_lmdb.callbacks.PerfMonitor``) to the console, CSV and TensorBoard, and writes a JSON
@@ -20,6 +22,7 @@ import lightning.pytorch as pl
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig, open_dict
 
@@ -48,8 +51,14 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     meta = {key: cfg.data.get(key) for key in ("storage", "batch_size", "num_workers", "cold_cache", "image_size")}
     monitor = PerfMonitor(output_dir / SUMMARY_NAME, backend=datamodule.backend, meta=meta)
     loggers = [CSVLogger(output_dir, name="csv"), TensorBoardLogger(output_dir, name="tensorboard")]
-    trainer = instantiate(cfg.trainer, callbacks=[monitor], logger=loggers, default_root_dir=str(output_dir))
-    trainer.fit(model, datamodule=datamodule)
+    callbacks: list[pl.Callback] = [monitor]
+    every = cfg.get("checkpoint_every_n_steps")
+    if every:  # last.ckpt every N steps, with the training loader's position in the epoch
+        callbacks.append(ModelCheckpoint(dirpath=output_dir / "checkpoints", every_n_train_steps=every, save_last=True, save_top_k=1))
+        log.info("Checkpoints every %d steps: resume a killed run with ckpt_path=%s", every, output_dir / "checkpoints" / "last.ckpt")
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, default_root_dir=str(output_dir),
+                          enable_checkpointing=bool(every))
+    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     return monitor.summary()
 
 

@@ -46,6 +46,7 @@ from lightning.pytorch.utilities import rank_zero_info
 FETCH_ACTION_SUFFIX = ".train_dataloader_next"
 _COLUMNS = (  # (record key, header, format)
     ("epoch", "epoch", "{:d}"),
+    ("samples", "samples", "{:d}"),
     ("epoch_time_s", "time s", "{:.2f}"),
     ("samples_per_s", "samples/s", "{:.1f}"),
     ("data_wait_s", "wait s", "{:.2f}"),

@@ -7,12 +7,13 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import DataLoader
 from torchvision.datasets.folder import find_classes
 
 from lightning_lmdb import cache, transforms
@@ -22,6 +23,7 @@ from lightning_lmdb.envs import load_meta
 from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.format import DatabaseError
 from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler
 from lightning_lmdb.writer import available_cores, build_lmdb, find_bad_files
 
 log = logging.getLogger(__name__)
@@ -143,6 +145,8 @@ class LMDBDataModule(pl.LightningDataModule):
             rank_zero_warn("cold_cache=True turns persistent_workers off: live workers would keep the data cached.")
             self.persistent_workers = False
         self.datasets: dict[str, _ImageDataset] = {}
+        self._train_loader: ResumableDataLoader | None = None
+        self._pending_train_state: dict[str, Any] | None = None
 
     # --- paths -----------------------------------------------------------------------------------
 
@@ -244,27 +248,65 @@ class LMDBDataModule(pl.LightningDataModule):
             how = {"train": "pass train_dir", "val": "pass val_dir or val_fraction", "test": "pass test_dir"}[split]
             raise RuntimeError(f"No {split} data: {how} (Hydra: data.{split}_dir=...) and call setup() first.")
         workers = self.num_workers > 0
-        dataset = self.datasets[split]
-        sampler: Sampler[int] | None = None
-        if self.cold_cache and train:
-            base = RandomSampler(dataset) if self.shuffle else SequentialSampler(dataset)
-            sampler = EvictingSampler(base, self.cached_files())
-        return DataLoader(
-            dataset,
+        settings: dict[str, Any] = dict(
             batch_size=self.batch_size,
-            shuffle=self.shuffle and train and sampler is None,
-            sampler=sampler,
-            drop_last=self.drop_last and train,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor if workers else None,
             persistent_workers=self.persistent_workers and workers,
             multiprocessing_context=self.multiprocessing_context if workers else None,
         )
+        dataset = self.datasets[split]
+        if not train:
+            return DataLoader(dataset, shuffle=False, **settings)
+        sampler = ResumableSampler(dataset, shuffle=self.shuffle, seed=self.split_seed, drop_last=self.drop_last,
+                                   before_epoch=self._evict if self.cold_cache else None)
+        return ResumableDataLoader(dataset, sampler, progress=self._batches_processed, drop_last=self.drop_last, **settings)
 
-    def train_dataloader(self) -> DataLoader:
-        """Shuffled training batches."""
-        return self._loader("train", train=True)
+    def _evict(self) -> None:
+        """Before a cold-cache epoch: close this process's environments and evict the data from the page cache.
+
+        Iteration starts in the main process after the epoch's fresh workers have started but before any
+        index reaches them, so no worker has opened an environment yet.
+        """
+        close_environments()
+        cache.evict(self.cached_files(), sync=True)
+
+    def _batches_processed(self) -> int | None:
+        """Training batches of the current epoch the trainer has processed (None outside ``fit``)."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+            return None
+        return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        """Shuffled training batches, from a loader that saves its position in checkpoints (see :mod:`lightning_lmdb.sampler`)."""
+        loader = cast(ResumableDataLoader, self._loader("train", train=True))
+        if self._pending_train_state is not None:
+            loader.load_state_dict(self._pending_train_state)
+            self._pending_train_state = None
+        self._train_loader = loader
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training loader's position (saved in Lightning checkpoints with the DataModule)."""
+        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the training loader's position (called by Lightning when fitting from a checkpoint).
+
+        Applied to the current training loader, or to the next one created. Lightning also restores the
+        loader's own state; both are the same position. Going through the DataModule as well keeps the
+        position when ``trainer.estimated_stepping_batches`` was touched before the restore (which makes
+        Lightning create the loader early and skip its own restore).
+        """
+        state = state_dict.get("train_loader")
+        if state is None:
+            return
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict(state)
+        else:
+            self._pending_train_state = state
 
     def val_dataloader(self) -> DataLoader:
         """Validation batches in order."""
@@ -277,23 +319,3 @@ class LMDBDataModule(pl.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """Test batches (or validation batches when there is no test folder) in order."""
         return self._loader("test" if "test" in self.datasets else "val", train=False)
-
-
-class EvictingSampler(Sampler[int]):
-    """Wraps a sampler; each time an epoch's iteration starts, evicts ``paths`` from the page cache first.
-
-    Iteration starts in the main process after the epoch's fresh workers have started but before any
-    index reaches them, so no worker has opened an environment yet; this process's own environments
-    (``num_workers=0``) are closed first.
-    """
-
-    def __init__(self, base: Sampler[int], paths: list[str]):
-        self.base, self.paths = base, paths
-
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __iter__(self):
-        close_environments()
-        cache.evict(self.paths, sync=True)
-        return iter(self.base)

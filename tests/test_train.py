@@ -106,3 +106,17 @@ def test_gpu_run_reports_utilisation(tmp_path: Path, train_module) -> None:
         cfg = compose("train", overrides=["trainer=gpu", "trainer.max_epochs=1", f"paths.data_dir={tmp_path}", *TINY])
     summary = train_module.run(cfg, tmp_path / "out")
     assert summary["gpu_available"] and summary["epochs"][0]["gpu_util_pct"] is not None
+
+
+def test_checkpoint_every_n_steps_then_resume_completes_the_epoch(tmp_path: Path, train_module) -> None:
+    # 24 demo images, 2 held out for validation -> 22 training samples, batch 4 -> 6 steps per epoch; stopped after step 2.
+    tiny = [*TINY, "data.batch_size=4", "trainer.max_epochs=1", f"paths.data_dir={tmp_path}"]
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        first = compose("train", overrides=[*tiny, "checkpoint_every_n_steps=2", "+trainer.max_steps=2"])
+    train_module.run(first, tmp_path / "first")
+    ckpt = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    assert ckpt.exists()
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        second = compose("train", overrides=[*tiny, f"ckpt_path={ckpt}"])
+    summary = train_module.run(second, tmp_path / "second")
+    assert [e["samples"] for e in summary["epochs"]] == [22 - 2 * 4], "the resumed epoch trains on the remaining samples only"
