@@ -7,7 +7,7 @@
     python train.py ckpt_path=outputs/<date>/<time>/checkpoints/last.ckpt
 
 Each run logs per-epoch wall time, samples/s, data-wait time and fraction, and GPU utilisation
-(``lightning_lmdb.callbacks.PerfMonitor``) to the console, CSV and TensorBoard, and writes a JSON
+(``lightning_lmdb.experiment.callbacks.PerfMonitor``) to the console, CSV and TensorBoard, and writes a JSON
 summary in its output directory.
 """
 
@@ -20,15 +20,14 @@ from typing import Any
 import hydra
 import lightning.pytorch as pl
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig, open_dict
 
-from lightning_lmdb.callbacks import PerfMonitor
-from lightning_lmdb.demo import make_demo_dataset
-from lightning_lmdb.report import SUMMARY_NAME, comparison_table, load_summaries, write_comparison
+from lightning_lmdb.experiment.callbacks import PerfMonitor
+from lightning_lmdb.experiment.demo import make_demo_dataset
+from lightning_lmdb.experiment.report import SUMMARY_NAME
 
 log = logging.getLogger("train")
 
@@ -49,6 +48,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     datamodule = instantiate(cfg.data)
     model = instantiate(cfg.model, num_classes=datamodule.num_classes)
     meta = {key: cfg.data.get(key) for key in ("storage", "batch_size", "num_workers", "cold_cache", "image_size")}
+    meta["model"] = type(model).__name__
+    meta["repeat"] = cfg.get("ab", {}).get("repeat", 0)
     monitor = PerfMonitor(output_dir / SUMMARY_NAME, backend=datamodule.backend, meta=meta)
     loggers = [CSVLogger(output_dir, name="csv"), TensorBoardLogger(output_dir, name="tensorboard")]
     callbacks: list[pl.Callback] = [monitor]
@@ -64,13 +65,18 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point: one run, plus the running comparison when part of a multirun."""
-    hydra_cfg = HydraConfig.get()
-    run(cfg, Path(hydra_cfg.runtime.output_dir))
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        sweep_dir = Path(hydra_cfg.sweep.dir)
-        text_path, png_path = write_comparison(sweep_dir)  # rewritten after each job: complete after the last
-        print(f"\n{comparison_table(load_summaries(sweep_dir))}\n(written to {text_path} and {png_path})")
+    """Hydra entry point: one run (a multirun's comparison is written at its end by ``ABReport``)."""
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    summary = run(cfg, output_dir)
+    where = {
+        "summary": output_dir / SUMMARY_NAME,
+        "CSV": output_dir / "csv",
+        "TensorBoard": output_dir / "tensorboard",
+        "databases": Path(cfg.paths.cache_dir).resolve(),
+    }
+    if cfg.data.train_dir is None or str(Path(cfg.paths.demo_dir).resolve()) == str(Path(str(cfg.data.train_dir)).resolve()):
+        where["demo data"] = Path(cfg.paths.demo_dir).resolve()
+    print(f"run {summary.get('backend')}: outputs in {output_dir}\n" + "\n".join(f"  {k}: {v}" for k, v in where.items()))
 
 
 if __name__ == "__main__":

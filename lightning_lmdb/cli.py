@@ -132,16 +132,22 @@ def _bench(args: argparse.Namespace) -> int:
 
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lightning-lmdb``."""
-    parser = argparse.ArgumentParser(prog="lightning-lmdb", description="Pack image folders into one LMDB file; inspect, verify, benchmark it.")
+    parser = argparse.ArgumentParser(
+        prog="lightning-lmdb", description="Pack image folders into one LMDB file; inspect, verify, benchmark it."
+    )
     parser.add_argument("--version", action="version", version=f"lightning-lmdb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout or flat folder) into the LMDB file TARGET")
     build.add_argument("source")
     build.add_argument("target")
-    build.add_argument("--storage", choices=CHOICES["storage"], default="encoded", help="encoded: original bytes (default); decoded: RGB pixels")
+    build.add_argument(
+        "--storage", choices=CHOICES["storage"], default="encoded", help="encoded: original bytes (default); decoded: RGB pixels"
+    )
     build.add_argument("--workers", type=int, default=None, help="reader processes (default: one per core; 0: in this process)")
-    build.add_argument("--on-error", choices=CHOICES["on_error"], default="raise", help="stop at a bad file (default) or skip and record it")
+    build.add_argument(
+        "--on-error", choices=CHOICES["on_error"], default="raise", help="stop at a bad file (default) or skip and record it"
+    )
     build.add_argument("--on-stale", choices=CHOICES["on_stale"], default="rebuild", help="when the source changed since the last build")
     build.add_argument("--overwrite", action="store_true", help="rebuild even if up to date")
     build.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, help="refuse larger images (0: no limit)")

@@ -109,7 +109,9 @@ def decode_pixels(value: bytes | memoryview) -> np.ndarray:
         RecordError: The value's length does not match its header.
     """
     if len(value) < _PIXEL_HEADER.size:
-        raise RecordError(f"Decoded record holds {len(value)} bytes, less than its {_PIXEL_HEADER.size}-byte header: the database is damaged.")
+        raise RecordError(
+            f"Decoded record holds {len(value)} bytes, less than its {_PIXEL_HEADER.size}-byte header: the database is damaged."
+        )
     height, width, channels = _PIXEL_HEADER.unpack_from(value)
     expected = _PIXEL_HEADER.size + height * width * channels
     if len(value) != expected:

@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast, get_args
 
 import lightning.pytorch as pl
 import torch
@@ -17,19 +17,26 @@ from torch.utils.data import DataLoader
 from torchvision.datasets.folder import find_classes
 
 from lightning_lmdb import cache, transforms
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS
+from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
 from lightning_lmdb.envs import load_meta
 from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.format import DatabaseError
-from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
 from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler
 from lightning_lmdb.writer import available_cores, build_lmdb, find_bad_files
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("lmdb", "raw")
+Backend = Literal["lmdb", "raw"]
+#: A DataLoader worker start method (``None`` in ``LMDBDataModule`` means the platform default).
+StartMethod = Literal["fork", "spawn", "forkserver"]
+
+BACKENDS: tuple[str, ...] = get_args(Backend)
+START_METHODS: tuple[str, ...] = get_args(StartMethod)
 SPLITS = ("train", "val", "test")
+#: The validation share held out of ``train_dir`` when ``val_fraction`` is ``None`` and no ``val_dir`` is given.
+DEFAULT_VAL_FRACTION = 0.1
 
 
 def default_cache_dir() -> Path:
@@ -44,11 +51,19 @@ class LMDBDataModule(pl.LightningDataModule):
 
     Every setting but ``backend`` is shared, so ``raw`` vs ``lmdb`` is an A/B of storage alone.
 
+    Every choice is typed as a ``Literal``, so LightningCLI (jsonargparse) rejects a bad value at parse time;
+    ``__init__`` checks them again for callers that do not check types (Hydra's ``instantiate``, plain Python).
+    The arguments are saved as hyper-parameters (``self.hparams``, and in checkpoints) as plain values --
+    paths as strings, the transforms left out -- so checkpoints load with ``torch.load(..., weights_only=True)``
+    and ``LMDBDataModule.load_from_checkpoint`` rebuilds the module (with the default transforms unless given).
+
     Args:
         train_dir: Training images (ImageFolder layout or a flat folder).
-        val_dir: Validation images; or leave ``None`` and set ``val_fraction``.
+        val_dir: Validation images; or leave ``None`` and hold out ``val_fraction`` of ``train_dir``.
         test_dir: Test images (also used by ``predict_dataloader``).
-        val_fraction: Share of ``train_dir`` held out for validation when ``val_dir`` is not given.
+        val_fraction: Share of ``train_dir`` held out for validation. ``None`` (the default) chooses:
+            ``0.1`` without ``val_dir``, no split with one. ``0`` disables the split; a value ``> 0`` together
+            with ``val_dir`` is an error.
         split_seed: Seed of that split (the same on every rank and run).
         backend: ``"lmdb"`` or ``"raw"``.
         cache_dir: Where the databases go; default :func:`default_cache_dir`. Each folder gets
@@ -70,7 +85,8 @@ class LMDBDataModule(pl.LightningDataModule):
         persistent_workers: Keep workers alive between epochs (used only when ``num_workers > 0``).
         drop_last: Drop the last incomplete training batch.
         shuffle: Shuffle training samples (Lightning's distributed sampler keeps this under DDP).
-        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
+        multiprocessing_context: Start method of the loader workers: ``"fork"``, ``"spawn"``, ``"forkserver"``
+            or ``None`` (platform default).
         shared_filesystem: The cache directory is shared by all nodes: build once overall instead of
             once per node (the builder's file lock is the safety net either way).
         cold_cache: Evict the dataset's files (the raw files, or the LMDB files after closing this
@@ -78,6 +94,11 @@ class LMDBDataModule(pl.LightningDataModule):
             ``posix_fadvise`` (no root needed): emulates a dataset larger than RAM or on network
             storage. Forces ``persistent_workers=False`` (a live worker's memory map would keep the
             LMDB pages cached).
+
+    Raises:
+        ValueError: A choice that is not one of its valid values, or an out-of-range number (named, with the
+            valid values), or ``val_fraction > 0`` together with ``val_dir``.
+        FileNotFoundError: A given folder does not exist.
     """
 
     def __init__(
@@ -86,14 +107,14 @@ class LMDBDataModule(pl.LightningDataModule):
         val_dir: str | os.PathLike[str] | None = None,
         test_dir: str | os.PathLike[str] | None = None,
         *,
-        val_fraction: float = 0.0,
+        val_fraction: float | None = None,
         split_seed: int = 0,
-        backend: str = "lmdb",
+        backend: Backend = "lmdb",
         cache_dir: str | os.PathLike[str] | None = None,
-        storage: str = "encoded",
+        storage: Storage = "encoded",
         build_workers: int | None = None,
-        on_error: str = "raise",
-        on_stale: str = "rebuild",
+        on_error: OnError = "raise",
+        on_stale: OnStale = "rebuild",
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         readahead: bool | None = None,
         image_size: int = 224,
@@ -106,25 +127,41 @@ class LMDBDataModule(pl.LightningDataModule):
         persistent_workers: bool = True,
         drop_last: bool = False,
         shuffle: bool = True,
-        multiprocessing_context: str | None = None,
+        multiprocessing_context: StartMethod | None = None,
         shared_filesystem: bool = False,
         cold_cache: bool = False,
     ):
         super().__init__()
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} is not one of {BACKENDS}.")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction={val_fraction} must be in [0, 1).")
+        choices: tuple[tuple[str, Any, tuple[str | None, ...]], ...] = (
+            ("backend", backend, BACKENDS),
+            ("multiprocessing_context", multiprocessing_context, (*START_METHODS, None)),
+        )
+        for name, value, valid in choices:
+            if value not in valid:
+                raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, valid))}.")
+        number = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
+        if val_fraction is not None and not (number and 0 <= val_fraction < 1):
+            raise ValueError(f"val_fraction={val_fraction!r} must be in [0, 1), or None for 0.1 without val_dir and no split with one.")
         if val_fraction and val_dir is not None:
-            raise ValueError("Give either val_dir or val_fraction, not both.")
+            raise ValueError(f"Give either val_dir or val_fraction, not both (val_fraction={val_fraction!r}): pass val_fraction=0 or None"
+                             " to validate on val_dir, or leave val_dir out to split train_dir.")
         if train_dir is None and val_dir is None and test_dir is None:
             raise ValueError("No data: pass train_dir (and val_dir / test_dir or val_fraction).")
-        self.dirs = {name: None if d is None else Path(d).expanduser().resolve() for name, d in zip(SPLITS, (train_dir, val_dir, test_dir))}
-        self.val_fraction, self.split_seed, self.backend = val_fraction, split_seed, backend
+        # hyper-parameters are plain values: a Path would not load with torch.load(weights_only=True)
+        train_dir, val_dir, test_dir, cache_dir = (None if d is None else os.fspath(d) for d in (train_dir, val_dir, test_dir, cache_dir))
+        self.save_hyperparameters(ignore=["train_transform", "eval_transform"])
+        given_dirs = (train_dir, val_dir, test_dir)
+        self.dirs = {name: None if d is None else Path(d).expanduser().resolve() for name, d in zip(SPLITS, given_dirs, strict=True)}
+        if val_fraction is None:
+            val_fraction = DEFAULT_VAL_FRACTION if val_dir is None and train_dir is not None else 0.0
+        self.val_fraction: float = float(val_fraction)
+        self.split_seed, self.backend = split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        self.build_options = BuildOptions(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale, max_pixels=max_pixels)
+        self.build_options = BuildOptions(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
+                                          max_pixels=max_pixels)
+        serve_without_folder = on_stale == "ignore" and backend == "lmdb"
         for split, folder in self.dirs.items():
-            if folder is not None and not folder.is_dir() and not (on_stale == "ignore" and backend == "lmdb" and self.database_path(split).exists()):
+            if folder is not None and not folder.is_dir() and not (serve_without_folder and self.database_path(split).exists()):
                 raise FileNotFoundError(
                     f"{split}_dir {str(folder)!r} does not exist or is not a folder. Pass the folder that holds your images"
                     f" (Hydra: data.{split}_dir=/path/to/images)."
@@ -214,7 +251,8 @@ class LMDBDataModule(pl.LightningDataModule):
                 meta = load_meta(database)
             except (FileNotFoundError, DatabaseError):
                 meta = None
-            if meta is not None and meta.source.fingerprint == scan.fingerprint() and meta.options.get("max_pixels") == self.build_options.max_pixels:
+            current = meta is not None and meta.source.fingerprint == scan.fingerprint()
+            if current and meta.options.get("max_pixels") == self.build_options.max_pixels:
                 return RawImageDataset.from_database(folder, database)
         if self.build_options.on_error != "skip":
             return RawImageDataset(folder)
@@ -227,14 +265,31 @@ class LMDBDataModule(pl.LightningDataModule):
         return RawImageDataset(folder, exclude={s.path for s in bad})
 
     @property
+    def classes(self) -> list[str]:
+        """Class names in target order: from the datasets once set up, else from the class folders (``[]`` for a flat folder)."""
+        return list(self._class_table()[0])
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to target: from the datasets once set up, else from the class folders (``{}`` for a flat folder)."""
+        return dict(self._class_table()[1])
+
+    @property
     def num_classes(self) -> int:
         """Number of classes: from the datasets once set up, else from the class folders (0 for a flat folder)."""
+        return len(self._class_table()[0])
+
+    def _class_table(self) -> tuple[list[str], dict[str, int]]:
         for dataset in self.datasets.values():
-            return len(dataset.classes)
+            return dataset.classes, dataset.class_to_idx
+        split, folder = next((s, d) for s, d in self.dirs.items() if d is not None)
+        if not folder.is_dir() and self.backend == "lmdb":  # on_stale="ignore" serves an existing database without its folder
+            meta = load_meta(self.database_path(split))
+            return meta.classes, meta.class_to_idx
         try:
-            return len(find_classes(next(d for d in self.dirs.values() if d is not None))[0])
-        except FileNotFoundError:
-            return 0
+            return find_classes(folder)
+        except FileNotFoundError:  # a flat folder
+            return [], {}
 
     def cached_files(self) -> list[str]:
         """The files a cold-cache epoch evicts: the databases, or every raw image file."""

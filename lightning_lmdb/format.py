@@ -358,7 +358,9 @@ class _ArrayReader:
             raise DatabaseError(f"The {name} array of {str(self.path)!r} does not match its digest: the database is damaged; rebuild it.")
         array = np.frombuffer(value, dtype=dtype).copy()  # out of the map: private, never a page fault later
         if per_record and len(array) != self.count * per_record + extra:
-            raise DatabaseError(f"The {name} array of {str(self.path)!r} holds {len(array)} items for {self.count} records: damaged; rebuild it.")
+            raise DatabaseError(
+                f"The {name} array of {str(self.path)!r} holds {len(array)} items for {self.count} records: damaged; rebuild it."
+            )
         return array
 
 
@@ -387,7 +389,9 @@ def raise_no_meta(txn: lmdb.Transaction, path: str | os.PathLike[str]) -> None:
     """Raise the right :class:`DatabaseError` for a file without metadata (an unfinished build, or not ours)."""
     if txn.get(PROGRESS_KEY) is not None:
         raise DatabaseError(f"{str(path)!r} is an unfinished build. Run the build again: it resumes where it stopped.")
-    raise DatabaseError(f"{str(path)!r} is an LMDB file but not a lightning_lmdb database (no metadata). Build one with lightning-lmdb build.")
+    raise DatabaseError(
+        f"{str(path)!r} is an LMDB file but not a lightning_lmdb database (no metadata). Build one with lightning-lmdb build."
+    )
 
 
 class _Fields:

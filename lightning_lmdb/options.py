@@ -64,7 +64,8 @@ class BuildOptions:
                 raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}.")
         if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0):
             raise ValueError(f"workers={self.workers!r} must be an integer >= 0 (0 reads in this process, None uses every core).")
-        if self.max_pixels is not None and (isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1):
+        bad_pixels = isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1
+        if self.max_pixels is not None and bad_pixels:
             raise ValueError(f"max_pixels={self.max_pixels!r} must be a positive integer, or None for no limit.")
         if isinstance(self.commit_every, bool) or not isinstance(self.commit_every, int) or self.commit_every < 1:
             raise ValueError(f"commit_every={self.commit_every!r} must be an integer >= 1.")

@@ -340,7 +340,8 @@ class _Writer:
             next_record = txn.stat(dbs[0])["entries"]
         batch: list[tuple[bytes, bytes, str]] = []
         batch_bytes = 0
-        bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress, dynamic_ncols=True)
+        bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress,
+                   dynamic_ncols=True)
         started, nbytes = time.perf_counter(), 0
         with self._results(tasks) as results:
             for index, value, digest in results:
@@ -350,7 +351,8 @@ class _Writer:
                         self._commit(env, dbs, batch, index, skipped)
                         bar.close()
                         raise BuildError(
-                            f"{files[index].path}: {error}\nNothing was lost: the {index} files before it are committed and a rerun resumes there. "
+                            f"{files[index].path}: {error}\nNothing was lost: the {index} files before it are committed and a rerun "
+                            "resumes there. "
                             f"Fix or remove the file, or {_SKIP_HINT}."
                         )
                     skipped.append({"path": files[index].relpath, "reason": error})
@@ -379,7 +381,8 @@ class _Writer:
             yield pool.imap(_read_one, tasks, chunksize=chunksize)
 
     def _commit(
-        self, env: lmdb.Environment, dbs: tuple[Any, Any], batch: list[tuple[bytes, bytes, str]], consumed: int, skipped: list[dict[str, str]]
+        self, env: lmdb.Environment, dbs: tuple[Any, Any], batch: list[tuple[bytes, bytes, bytes]], consumed: int,
+        skipped: list[dict[str, str]],
     ) -> None:
         state = {"version": fmt.FORMAT_VERSION, "consumed": consumed, "prefix": self.prefix.advance(consumed), "options": self.options,
                  "skipped": skipped}
@@ -404,7 +407,9 @@ class _Writer:
         except lmdb.Error as exc:
             free = shutil.disk_usage(self.partial.parent).free
             if free > max(4 * pending, 8 << 20):
-                raise OSError(errno.EIO, f"Writing {self.partial} failed ({exc}). Nothing committed before was lost: rerun to resume.") from exc
+                raise OSError(
+                    errno.EIO, f"Writing {self.partial} failed ({exc}). Nothing committed before was lost: rerun to resume."
+                ) from exc
             done = self.written_bytes
             estimate = self._estimated_bytes()
             raise DiskFullError(

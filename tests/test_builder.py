@@ -12,10 +12,9 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import pil_loader
 
-from lightning_lmdb import envs
-from lightning_lmdb.codec import decode_pixels
+from lightning_lmdb import envs, writer
 from lightning_lmdb import format as fmt
-from lightning_lmdb import writer
+from lightning_lmdb.codec import decode_pixels
 from lightning_lmdb.folder import NO_TARGET, scan_folder
 from lightning_lmdb.writer import BuildError, StaleDatabaseError, build, build_lmdb
 

@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_lmdb.callbacks import PerfMonitor, _GpuUtilSampler, batch_size_of
+from lightning_lmdb.experiment.callbacks import PerfMonitor, _GpuUtilSampler, batch_size_of
 
 TRAIN_ITEMS, VAL_ITEMS, BATCH = 24, 8, 4
 TRAIN_SLEEP_S, VAL_SLEEP_S = 0.01, 0.02
@@ -125,7 +125,7 @@ def test_fit_measures_and_reports(tmp_path, lightning_logs, capsys):
 
 def test_exception_stops_and_writes_incomplete_summary(tmp_path, monkeypatch):
     # Also covers the fallback used when Lightning sends no fetch events to the profiler.
-    monkeypatch.setattr("lightning_lmdb.callbacks.FETCH_ACTION_SUFFIX", ".no_such_action")
+    monkeypatch.setattr("lightning_lmdb.experiment.callbacks.FETCH_ACTION_SUFFIX", ".no_such_action")
     summary_path = tmp_path / "perf_summary.json"
     monitor = PerfMonitor(summary_path, backend="lmdb", verbose=False)
     trainer = _trainer(tmp_path, monitor)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from imagegen import make_jpegs
 from omegaconf import OmegaConf
 
 from lightning_lmdb import LMDBDataModule
+from lightning_lmdb.datamodule import DEFAULT_VAL_FRACTION
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, open_environments
 from lightning_lmdb.transforms import eval_transform
 
@@ -93,6 +95,7 @@ def test_loader_settings(tmp_path: Path) -> None:
     assert LMDBDataModule(source, shared_filesystem=True).prepare_data_per_node is False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["lmdb", "raw"])
 def test_ddp_each_sample_once_per_epoch(tmp_path: Path, backend: str) -> None:
     source = make_jpegs(tmp_path / "src", 40, size=16, classes=3)
@@ -103,10 +106,11 @@ def test_ddp_each_sample_once_per_epoch(tmp_path: Path, backend: str) -> None:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     orders = []
+    train_size = 40 - 4  # the script gives no val_dir: the default val_fraction (0.1) holds 4 of the 40 out
     for epoch in range(2):
         ranks = [json.loads((out / f"rank{r}_epoch{epoch}.json").read_text()) for r in range(2)]
-        assert len(ranks[0]) == len(ranks[1]) == 20, "the distributed sampler splits the data evenly"
-        assert sorted(ranks[0] + ranks[1]) == list(range(40)), f"epoch {epoch}: every sample exactly once"
+        assert len(ranks[0]) == len(ranks[1]) == train_size // 2, "the distributed sampler splits the data evenly"
+        assert sorted(ranks[0] + ranks[1]) == list(range(train_size)), f"epoch {epoch}: every sample exactly once"
         orders.append(ranks[0])
     assert orders[0] != orders[1], "shuffling changes between epochs"
 
@@ -150,9 +154,10 @@ def test_a_missing_folder_is_named_at_construction(tmp_path: Path) -> None:
     dm.prepare_data()
     moved = source.rename(tmp_path / "moved")
     dm2 = LMDBDataModule(source, cache_dir=tmp_path / "cache", on_stale="ignore", num_workers=0)
+    assert dm2.classes == ["c0", "c1"], "before setup, from the database when the folder is gone"
     dm2.prepare_data()
     dm2.setup("fit")
-    assert len(dm2.datasets["train"]) == 6 and dm2.num_classes == 2
+    assert len(dm2.datasets["train"]) + len(dm2.datasets["val"]) == 6 and dm2.num_classes == 2
     assert moved.is_dir()
 
 
@@ -192,5 +197,103 @@ def test_raw_backend_serves_exactly_the_samples_of_a_skip_build(tmp_path: Path, 
         assert raw.paths == lmdb_ds.paths and raw.targets == lmdb_ds.targets
         assert len(raw) == len(lmdb_ds)
     assert len(raw_dm.datasets["train"]) + len(raw_dm.datasets["val"]) == 24
-    for (x_raw, y_raw), (x_lmdb, y_lmdb) in zip(raw_dm.train_dataloader(), lmdb_dm.train_dataloader()):
+    for (x_raw, y_raw), (x_lmdb, y_lmdb) in zip(raw_dm.train_dataloader(), lmdb_dm.train_dataloader(), strict=True):
         assert torch.equal(x_raw, x_lmdb) and torch.equal(y_raw, y_lmdb)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.backend=lmbd", "backend='lmbd' is not one of 'lmdb', 'raw'"),
+        ("data.storage=jpg", "storage='jpg' is not one of 'encoded', 'decoded'"),
+        ("data.on_error=ignore", "on_error='ignore' is not one of 'raise', 'skip'"),
+        ("data.on_stale=never", "on_stale='never' is not one of 'rebuild', 'error', 'ignore'"),
+        ("data.multiprocessing_context=threads", "multiprocessing_context='threads' is not one of 'fork', 'spawn', 'forkserver', None"),
+    ],
+)
+def test_hydra_instantiate_rejects_a_bad_choice_naming_the_valid_ones(tmp_path: Path, override: str, message: str) -> None:
+    source = make_jpegs(tmp_path / "src", 2, size=8)
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data.train_dir={source}", f"paths.data_dir={tmp_path}", override])
+    with pytest.raises(Exception, match=message) as raised:  # Hydra wraps the ValueError in an InstantiationException
+        instantiate(cfg.data)
+    assert isinstance(raised.value.__cause__ or raised.value, ValueError)
+
+
+def test_val_fraction_defaults_to_a_split_without_val_dir_and_none_with_one(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 20, size=8)
+    common = {"cache_dir": tmp_path / "cache", "backend": "raw", "num_workers": 0}
+    assert LMDBDataModule(source, **common).val_fraction == DEFAULT_VAL_FRACTION == 0.1
+    assert LMDBDataModule(source, val_dir=source, **common).val_fraction == 0.0
+    assert LMDBDataModule(test_dir=source, **common).val_fraction == 0.0, "nothing to split without train_dir"
+    assert LMDBDataModule(source, val_fraction=0.25, **common).val_fraction == 0.25
+    assert LMDBDataModule(source, val_dir=source, val_fraction=0, **common).val_fraction == 0.0
+    dm = LMDBDataModule(source, **common)
+    dm.setup("fit")
+    assert (len(dm.datasets["train"]), len(dm.datasets["val"])) == (18, 2)
+    dm = LMDBDataModule(source, val_fraction=0, **common)
+    dm.setup("fit")
+    assert len(dm.datasets["train"]) == 20 and "val" not in dm.datasets, "0 disables the split"
+    with pytest.raises(ValueError, match=r"either val_dir or val_fraction.*val_fraction=0\.2"):
+        LMDBDataModule(source, val_dir=source, val_fraction=0.2, **common)
+    for bad in (1.0, -0.1, True, "0.1"):
+        with pytest.raises(ValueError, match=f"val_fraction={bad!r} must be in"):
+            LMDBDataModule(source, val_fraction=bad, **common)  # type: ignore[arg-type]
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data.train_dir={source}", f"paths.data_dir={tmp_path}"])
+    assert cfg.data.val_fraction is None and instantiate(cfg.data).val_fraction == 0.1
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data.train_dir={source}", f"data.val_dir={source}", f"paths.data_dir={tmp_path}"])
+    assert instantiate(cfg.data).val_fraction == 0.0, "the configs' default works with val_dir too"
+
+
+def test_classes_and_class_to_idx(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 9, size=8, classes=3)
+    dm = LMDBDataModule(source, cache_dir=tmp_path / "cache", build_workers=0, num_workers=0)
+    expected = (["c0", "c1", "c2"], {"c0": 0, "c1": 1, "c2": 2})
+    assert (dm.classes, dm.class_to_idx, dm.num_classes) == (*expected, 3), "before setup: from the class folders"
+    dm.prepare_data()
+    dm.setup("fit")
+    assert (dm.classes, dm.class_to_idx) == expected == (dm.datasets["train"].classes, dm.datasets["train"].class_to_idx)
+    dm.classes.append("mutated")
+    assert dm.classes == expected[0], "a copy, not the dataset's own list"
+    flat = make_jpegs(tmp_path / "flat_src", 4, size=8, classes=1)
+    for image in list(flat.rglob("*.jpg")):
+        image.rename(tmp_path / "flat_src" / image.name)
+    (flat / "c0").rmdir()
+    dm = LMDBDataModule(flat, backend="raw", cache_dir=tmp_path / "cache", num_workers=0)
+    assert (dm.classes, dm.class_to_idx, dm.num_classes) == ([], {}, 0)
+    dm.setup("fit")
+    assert (dm.classes, dm.class_to_idx, dm.num_classes) == ([], {}, 0)
+
+
+def _plain(value: object) -> bool:
+    return value is None or type(value) in (str, int, float, bool)
+
+
+def test_checkpoint_hyperparameters_are_plain_and_load_weights_only(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 16, size=8)
+    dm = LMDBDataModule(source, cache_dir=tmp_path / "cache", image_size=8, batch_size=4, build_workers=0, num_workers=0,
+                        train_transform=eval_transform(8), eval_transform=eval_transform(8))
+    given = {name for name in inspect.signature(LMDBDataModule.__init__).parameters if name != "self"}
+    assert set(dm.hparams) == given - {"train_transform", "eval_transform"}
+    assert dm.hparams["train_dir"] == str(source) and dm.hparams["cache_dir"] == str(tmp_path / "cache")
+    assert dm.hparams["val_fraction"] is None, "the arguments as given (automatic), not as resolved"
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=True, callbacks=[checkpoints],
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(TinyClassifier(2), datamodule=dm)
+    ckpt = tmp_path / "ckpt" / "last.ckpt"
+    loaded = torch.load(ckpt, weights_only=True)
+    hparams = loaded[LMDBDataModule.CHECKPOINT_HYPER_PARAMS_KEY]
+    assert hparams == dict(dm.hparams) and all(_plain(v) for v in hparams.values()), hparams
+    restored = LMDBDataModule.load_from_checkpoint(ckpt, weights_only=True)
+    assert isinstance(restored, LMDBDataModule) and restored.hparams == dm.hparams
+    assert (restored.dirs, restored.cache_dir, restored.val_fraction) == (dm.dirs, dm.cache_dir, 0.1)
+    assert LMDBDataModule.load_from_checkpoint(ckpt, batch_size=2).batch_size == 2, "keyword arguments override"
+    # resuming (which loads the datamodule's state too) works with weights-only loading
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt2")
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, logger=False, callbacks=[checkpoints], enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(TinyClassifier(2), datamodule=restored, ckpt_path=ckpt, weights_only=True)
+    assert trainer.current_epoch == 2 and trainer.state.finished

@@ -140,7 +140,7 @@ def test_readahead_follows_available_memory(folder_and_dbs, monkeypatch: pytest.
 def test_a_decode_warning_is_printed_once_not_once_per_image(tmp_path: Path) -> None:
     import warnings
 
-    from imagegen import make_image, save_image
+    from imagegen import make_image
     from PIL import Image
 
     from lightning_lmdb.codec import decode_image

@@ -8,8 +8,8 @@ import pytest
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-import lightning_lmdb.demo as demo
-from lightning_lmdb.demo import MARKER_NAME, make_demo_dataset
+import lightning_lmdb.experiment.demo as demo
+from lightning_lmdb.experiment.demo import MARKER_NAME, make_demo_dataset
 
 SMALL = {"num_classes": 3, "images_per_class": 11}
 MODES = {"RGB", "L", "LA", "P", "RGBA", "CMYK", "I;16"}

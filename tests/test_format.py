@@ -72,10 +72,12 @@ def test_a_damaged_array_read_on_demand_is_refused(folder_and_db: tuple[Path, Pa
     with pytest.raises(fmt.DatabaseError, match=f"{array} array .* does not match its digest"):
         verify_lmdb(damaged)
     with pytest.raises(fmt.DatabaseError, match="does not match its digest"):
-        dataset.paths
+        _ = dataset.paths
 
 
-def test_v1_databases_are_still_read_and_rebuilt_in_v2(folder_and_db: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_v1_databases_are_still_read_and_rebuilt_in_v2(
+    folder_and_db: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     source, db = folder_and_db
     v1 = downgrade_to_v1(Path(shutil.copyfile(db, tmp_path / "v1.lmdb")))
     new, old = LMDBImageDataset(db), LMDBImageDataset(v1)
@@ -110,7 +112,8 @@ def test_views_and_splits_pickle_as_a_recipe_not_a_row_list(tmp_path: Path) -> N
         assert [clone[i][1] for i in range(min(5, len(view)))] == view.targets[:5]
         assert np.array_equal(np.asarray(clone[0][0]), np.asarray(view[0][0]))
     assert picked.paths == [dataset.paths[399], dataset.paths[5]]
-    small = LMDBImageDataset(build(make_jpegs(tmp_path / "src40", 40, size=8, classes=4), tmp_path / "db40.lmdb", workers=0, progress=False).path)
+    small_source = make_jpegs(tmp_path / "src40", 40, size=8, classes=4)
+    small = LMDBImageDataset(build(small_source, tmp_path / "db40.lmdb", workers=0, progress=False).path)
     # The pickle of a split does not grow with the number of records (no per-record list in it).
     assert len(pickle.dumps(train)) <= len(pickle.dumps(small.split(0.1, seed=7)[0])) + 64
     with pytest.raises(IndexError):

@@ -8,9 +8,16 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from lightning_lmdb.callbacks import PerfMonitor
-from lightning_lmdb.report import (SUMMARY_NAME, comparison_table, load_summaries,
-                                   plot_comparison, write_comparison)
+from lightning_lmdb.experiment.callbacks import PerfMonitor
+from lightning_lmdb.experiment.report import (
+    SUMMARY_NAME,
+    comparison_table,
+    load_summaries,
+    plot_comparison,
+    verdict,
+    write_comparison,
+)
+from lightning_lmdb.experiment.sweeper import interleave
 
 
 def _write_run(run_dir: Path, backend: str, times: list[float], wait_frac: float,
@@ -38,10 +45,12 @@ def test_table_has_both_backends_and_speedup(multirun):
     summaries = load_summaries(multirun)
     assert [s["label"] for s in summaries] == ["raw", "lmdb"]
     table = comparison_table(summaries)
-    header = table.splitlines()[0]
-    assert "raw" in header and "lmdb" in header
-    assert "epoch 1 (cold)" in table and "warm" in table
-    speedups = [line.split()[-2:] for line in table.splitlines() if "speedup vs raw" in line]
+    lines = table.splitlines()
+    assert lines[0].startswith("verdict: ") and lines[1].startswith("verdict: ")
+    header = next(line for line in lines if line.strip().startswith("raw"))
+    assert "lmdb" in header
+    assert "epoch 0 (cold)" in table and "epochs 1+ (warm" in table
+    speedups = [line.split()[-2:] for line in lines if "speedup vs raw" in line]
     assert speedups == [["1.00x", "2.00x"], ["1.00x", "2.00x"]]
     assert "n/a" in table and "85.0" in table and "60.0" in table
 
@@ -62,8 +71,8 @@ def test_no_reference_and_incomplete_runs(tmp_path):
     summary["completed"] = False
     (tmp_path / "a" / SUMMARY_NAME).write_text(json.dumps(summary))
     table = comparison_table(load_summaries(tmp_path))
-    assert "lmdb*" in table and "did not complete" in table
-    assert "speedup vs raw" in table and "n/a" in table
+    assert "did not complete" in table
+    assert "speedup vs raw" in table and "n/a" in table and "storage: not compared" in table
     plot_comparison(load_summaries(tmp_path), tmp_path / "out" / "plot.png")
     assert (tmp_path / "out" / "plot.png").stat().st_size > 0
 
@@ -74,3 +83,53 @@ def test_errors_name_the_directory(tmp_path):
     (tmp_path / SUMMARY_NAME).write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_summaries(tmp_path)
+
+
+def _summary(backend: str, repeat: int, times: list[float], wait: float, busy: float | None = None) -> dict:
+    epochs = [{"epoch": i, "epoch_time_s": t, "samples": 640, "samples_per_s": 640 / t, "data_wait_frac": wait,
+               "data_wait_s": t * wait, "cpu_busy_frac": busy} for i, t in enumerate(times)]
+    return {"backend": backend, "meta": {"backend": backend, "repeat": repeat, "batch_size": 64}, "epochs": epochs,
+            "label": backend}
+
+
+def _ab(raw: list[tuple[float, float]], lmdb: list[tuple[float, float]], busy: float | None = None) -> list[dict]:
+    """Interleaved runs: (warm epoch time, data-wait share) per repeat and backend."""
+    runs = []
+    for r, ((t_raw, w_raw), (t_lmdb, w_lmdb)) in enumerate(zip(raw, lmdb)):
+        runs += [_summary("raw", r, [t_raw * 1.3, t_raw, t_raw], w_raw, busy),
+                 _summary("lmdb", r, [t_lmdb * 1.3, t_lmdb, t_lmdb], w_lmdb, busy)]
+    return runs
+
+
+def test_verdict_clearly_data_bound_and_storage_helps() -> None:
+    lines = verdict(_ab(raw=[(10.0, 0.41), (10.4, 0.43), (9.8, 0.40)], lmdb=[(6.0, 0.06), (6.2, 0.05), (5.9, 0.07)]))
+    assert lines[0] == "data-bound: the training loop waited 41% (raw) vs 6% (lmdb) of each epoch"
+    assert lines[1].startswith("lmdb saves 4.00 ± ") and "s/epoch vs raw (1.67x faster, n=3)" in lines[1]
+
+
+def test_verdict_clearly_not_data_bound_storage_does_not_matter() -> None:
+    lines = verdict(_ab(raw=[(5.0, 0.02), (5.1, 0.03), (4.9, 0.02)], lmdb=[(5.05, 0.02), (4.95, 0.01), (5.1, 0.02)]))
+    assert lines[0].startswith("not data-bound: the training loop waited < 10% of each epoch (2% (raw) vs 2% (lmdb))")
+    assert lines[1].startswith("storage does not matter here: lmdb vs raw differ by 0.05 s/epoch, within the run-to-run spread")
+
+
+def test_verdict_within_noise_is_inconclusive() -> None:
+    lines = verdict(_ab(raw=[(5.0, 0.30), (7.0, 0.35), (6.0, 0.32)], lmdb=[(5.5, 0.28), (6.5, 0.30), (4.8, 0.29)]))
+    assert lines[0].startswith("data-bound: ")
+    assert lines[1].startswith("inconclusive: lmdb vs raw differ by 0.50 s/epoch, within the run-to-run spread")
+
+
+def test_verdict_one_run_each_and_cpu_saturation() -> None:
+    lines = verdict(_ab(raw=[(10.0, 0.03)], lmdb=[(6.0, 0.02)], busy=0.97))
+    assert "not data-bound" in lines[0] and "loader workers saturate the CPU (97% busy with raw, 97% busy with lmdb)" in lines[0]
+    assert lines[1].startswith("inconclusive: one run per backend") and "ab.repeats=3" in lines[1]
+    slower = verdict(_ab(raw=[(5.0, 0.2), (5.1, 0.2)], lmdb=[(8.0, 0.2), (8.1, 0.2)]))
+    assert slower[1].startswith("lmdb is slower than raw by 3.00 ± 0.07 s/epoch")
+
+
+def test_repeats_are_interleaved_and_tagged() -> None:
+    jobs = [["data=raw"], ["data=lmdb"]]
+    batches = interleave(jobs, repeats=3)
+    assert batches == [[["data=raw", "ab.repeat=0"], ["data=lmdb", "ab.repeat=0"], ["data=lmdb", "ab.repeat=1"],
+                        ["data=raw", "ab.repeat=1"], ["data=raw", "ab.repeat=2"], ["data=lmdb", "ab.repeat=2"]]]
+    assert [len(b) for b in interleave(jobs, repeats=3, max_batch_size=4)] == [4, 2]

@@ -49,7 +49,7 @@ class Recorder(pl.LightningModule):
 
     def configure_optimizers(self):
         if self.touch:
-            self.trainer.estimated_stepping_batches  # the known Lightning trap: creates the train loader before the restore
+            _ = self.trainer.estimated_stepping_batches  # the known Lightning trap: creates the train loader before the restore
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
@@ -71,7 +71,7 @@ class PreemptAfter(pl.Callback):
 
 
 def _datamodule(source: Path, cache: Path, backend: str, num_workers: int, persistent: bool) -> LMDBDataModule:
-    return LMDBDataModule(source, backend=backend, cache_dir=cache, batch_size=BATCH, num_workers=num_workers,
+    return LMDBDataModule(source, backend=backend, cache_dir=cache, batch_size=BATCH, num_workers=num_workers, val_fraction=0,
                           persistent_workers=persistent, train_transform=identity, build_workers=0, split_seed=5)
 
 

@@ -45,34 +45,36 @@ def test_fast_dev_run_through_compose(tmp_path: Path, train_module, data: str) -
     assert list((tmp_path / "lmdb").glob("*.lmdb")) if data == "lmdb" else not (tmp_path / "lmdb").exists()
 
 
-def test_multirun_ab_writes_table_and_plot(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_multirun_ab_repeats_interleaved_and_one_comparison(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "train.py", "-m", "data=raw,lmdb", "trainer.max_epochs=2", f"paths.data_dir={tmp_path}",
+    cmd = [sys.executable, "train.py", "-m", "data=raw,lmdb", "ab.repeats=2", "trainer.max_epochs=2", f"paths.data_dir={tmp_path}",
            f"hydra.sweep.dir={sweep}", *TINY]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     table = (sweep / "comparison.txt").read_text()
-    assert "raw" in table and "lmdb" in table and "speedup vs raw" in table
-    assert "epoch 1 (cold)" in table and "warm" in table
+    assert table.startswith("verdict: ") and "raw" in table and "lmdb" in table and "speedup vs raw" in table
+    assert "epoch 0 (cold)" in table and "epochs 1+ (warm" in table and " ± " in table
     assert (sweep / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "speedup vs raw" in result.stdout
-    backends = []
-    for job in ("0", "1"):
+    assert result.stdout.count("verdict: ") == 2, "the comparison is printed once, at the end of the multirun"
+    assert "A/B outputs: " in result.stdout and "run raw: outputs in " in result.stdout
+    jobs = []
+    for job in ("0", "1", "2", "3"):
         summary = json.loads((sweep / job / "perf_summary.json").read_text())
-        backends.append(summary["backend"])
+        jobs.append((summary["backend"], summary["meta"]["repeat"]))
         assert len(summary["epochs"]) == 2 and summary["gpu_available"] is False
         with open(next((sweep / job / "csv").rglob("metrics.csv"))) as handle:
             rows = list(csv.DictReader(handle))
         logged = {k for row in rows for k, v in row.items() if v}
         assert {"perf/epoch_time_s", "perf/samples_per_s", "perf/data_wait_s", "perf/data_wait_frac", "train/loss", "val/acc"} <= logged
         assert list((sweep / job / "tensorboard").rglob("events.out.tfevents.*"))
-    assert backends == ["raw", "lmdb"]
+    assert jobs == [("raw", 0), ("lmdb", 0), ("lmdb", 1), ("raw", 1)], "rounds interleave the backends"
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "raw"])
 def test_cold_cache_evicts_before_each_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     source = make_jpegs(tmp_path / "src", 12, size=64)
-    dm = LMDBDataModule(source, backend=backend, cache_dir=tmp_path / "cache", batch_size=4, num_workers=0, cold_cache=True,
+    dm = LMDBDataModule(source, backend=backend, cache_dir=tmp_path / "cache", batch_size=4, num_workers=0, cold_cache=True, val_fraction=0,
                         train_transform=eval_transform(8), build_workers=0)
     dm.prepare_data()
     dm.setup("fit")

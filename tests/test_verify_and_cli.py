@@ -20,9 +20,8 @@ from imagegen import make_jpegs, truncated_jpeg
 from PIL import Image
 
 import lightning_lmdb
-from lightning_lmdb import envs
+from lightning_lmdb import envs, verify, writer
 from lightning_lmdb import format as fmt
-from lightning_lmdb import verify, writer
 from lightning_lmdb.cli import main
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
 from lightning_lmdb.writer import BuildError, DiskFullError, build_lmdb
@@ -133,6 +132,7 @@ def test_cli_build_info_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_file_names_that_are_not_utf8(tmp_path: Path) -> None:
     source = make_jpegs(tmp_path / "src", 3, size=16)
     odd = os.fsencode(source / "c0") + b"/\xff\xfe_latin1.png"

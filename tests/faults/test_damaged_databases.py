@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -147,7 +147,9 @@ CASES: dict[str, tuple[Callable[[dict[str, Path], Path], Path], str | None, str]
         _meta_change(lambda m: m.update(skipped=[{"path": "c0/x.jpg"}])), r"field skipped\[0\]\.'reason' is missing", REPLACED,
     ),
     "newer-version": (
-        _meta_change(lambda m: m.update(version=fmt.FORMAT_VERSION + 1)), f"format version {fmt.FORMAT_VERSION + 1}; this lightning_lmdb reads versions 1 to {fmt.FORMAT_VERSION}", REPLACED,
+        _meta_change(lambda m: m.update(version=fmt.FORMAT_VERSION + 1)),
+        f"format version {fmt.FORMAT_VERSION + 1}; this lightning_lmdb reads versions 1 to {fmt.FORMAT_VERSION}",
+        REPLACED,
     ),
     "missing-record": (_missing_record, "Record 3 is missing", "Record 3 is missing"),
     "replaced": (_replaced, None, REPLACED),

@@ -14,7 +14,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_resume import BATCH, Preempted, PreemptAfter, Recorder, identity  # noqa: E402
+from test_resume import BATCH, PreemptAfter, Preempted, Recorder, identity  # noqa: E402
 
 from lightning_lmdb import LMDBDataModule  # noqa: E402
 
@@ -49,7 +49,7 @@ def main() -> None:
     if args.stop_after:
         callbacks.append(PreemptAfter(args.stop_after, ckpt))  # after the Writer: the last batch is recorded
     dm = LMDBDataModule(args.source, cache_dir=args.cache, batch_size=BATCH, num_workers=args.workers, train_transform=identity,
-                        build_workers=0, split_seed=5)
+                        val_fraction=0, build_workers=0, split_seed=5)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=callbacks)
     try:

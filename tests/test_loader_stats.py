@@ -1,0 +1,193 @@
+"""Where the loader's time goes: per-sample read / decode / transform, worker and machine CPU, and the no-op model."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from imagegen import make_jpegs
+from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
+
+from lightning_lmdb.dataset import LMDBImageDataset, LoaderStats, RawImageDataset
+from lightning_lmdb.experiment.callbacks import PerfMonitor, cpu_ticks, loader_stats_of, usable_cpus
+from lightning_lmdb.experiment.toy_model import NoOpModel
+from lightning_lmdb.transforms import eval_transform
+from lightning_lmdb.writer import build_lmdb
+
+IMAGES, BATCH = 48, 8
+LOADER_TIMES = ("loader_read_ms", "loader_decode_ms", "loader_transform_ms")
+LOADER_KEYS = (*LOADER_TIMES, "loader_samples", "loader_workers", "worker_cpu_s", "worker_cpu_frac")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("loader_stats")
+    source = make_jpegs(root / "src", IMAGES, size=32)
+    return source, build_lmdb(source, root / "train.lmdb", workers=0, progress=False)
+
+
+def _dataset(data: tuple[Path, Path]) -> LMDBImageDataset:
+    return LMDBImageDataset(data[1], transform=eval_transform(16))
+
+
+def _fit(train: DataLoader, epochs: int = 1, val: DataLoader | None = None) -> PerfMonitor:
+    monitor = PerfMonitor(verbose=False)
+    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, callbacks=[monitor], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, limit_val_batches=0 if val is None else 1.0)
+    trainer.fit(NoOpModel(2), train, val)
+    assert len(monitor.history) == epochs
+    return monitor
+
+
+def _check_measured(record: dict, workers: int) -> None:
+    assert record["loader_samples"] == record["samples"] == IMAGES, record
+    assert all(record[key] > 0 for key in LOADER_TIMES), record
+    assert record["loader_workers"] == workers
+    if workers:
+        assert record["worker_cpu_s"] > 0 and record["worker_cpu_frac"] > 0
+    else:
+        assert record["worker_cpu_s"] == 0.0 and record["worker_cpu_frac"] == 0.0
+    assert 0 < record["cpu_busy_frac"] <= 1 and record["cores"] == len(usable_cpus())
+    assert record["main_cpu_s"] > 0
+
+
+# --- the no-op model ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_noop_model_trains_steps_and_changes_nothing(dtype: torch.dtype) -> None:
+    images = torch.randint(0, 255, (12, 3, 8, 8)).to(dtype)
+    loader = DataLoader(TensorDataset(images, torch.randint(0, 3, (12,))), batch_size=4)
+    model = NoOpModel(num_classes=3, lr=0.1)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, loader, loader)
+    assert trainer.global_step == 3
+    assert torch.equal(model.w.detach(), torch.zeros(1))
+    assert model.training_step(images[:2], 0).item() == 0.0  # a bare tensor batch works too
+
+
+# --- the dataset side ----------------------------------------------------------------------------------
+
+
+def test_datasets_time_each_sample_and_pickle_without_stats(data) -> None:
+    source, database = data
+    for dataset in (LMDBImageDataset(database, transform=eval_transform(16)), RawImageDataset(source, transform=eval_transform(16))):
+        stats = dataset.loader_stats
+        assert isinstance(stats, LoaderStats)
+        LoaderStats.next_period()
+        for i in range(5):
+            dataset[i]
+        (load,) = stats.processes()
+        assert load.slot == 0 and load.samples == 5
+        assert load.read_s > 0 and load.decode_s > 0 and load.transform_s > 0 and load.cpu_s > 0
+        LoaderStats.next_period()
+        assert stats.processes() == []  # a new period starts empty
+        # each view has its own stats; a plain pickle leaves them out (it stays compact)
+        view = dataset.view([0, 1], None)
+        assert view.loader_stats is not None and view.loader_stats is not stats
+        clone = pickle.loads(pickle.dumps(dataset))
+        assert clone.loader_stats is None and clone[0][1] == dataset[0][1]
+        assert clone.enable_loader_stats() is clone.loader_stats is not None
+
+
+def test_loader_stats_of_finds_wrapped_datasets(data) -> None:
+    dataset, other = _dataset(data), _dataset(data)
+    loaders = {"a": DataLoader(Subset(dataset, [0, 1])), "b": [DataLoader(ConcatDataset([dataset, other]), num_workers=1)]}
+    stats, in_process = loader_stats_of(loaders)
+    assert {id(s) for s in stats} == {id(dataset.loader_stats), id(other.loader_stats)} and not in_process
+    assert loader_stats_of(DataLoader(TensorDataset(torch.zeros(2)))) == ([], True)
+
+
+def test_cpu_ticks() -> None:
+    busy, total = cpu_ticks(usable_cpus())
+    assert 0 <= busy <= total and total > 0
+
+
+# --- PerfMonitor -----------------------------------------------------------------------------------
+
+
+def test_in_process_loading_is_measured(data) -> None:
+    (record,) = _fit(DataLoader(_dataset(data), batch_size=BATCH)).history
+    _check_measured(record, workers=0)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_worker_loading_and_cpu_are_measured(data, persistent: bool) -> None:
+    loader = DataLoader(_dataset(data), batch_size=BATCH, shuffle=True, num_workers=2, persistent_workers=persistent)
+    monitor = _fit(loader, epochs=2)
+    for record in monitor.history:
+        _check_measured(record, workers=2)
+
+
+class _StepsFromTrainer(NoOpModel):
+    def configure_optimizers(self):
+        assert self.trainer.estimated_stepping_batches > 0  # creates the train loader and starts its workers early
+        time.sleep(0.5)  # they prefetch before on_fit_start
+        return super().configure_optimizers()
+
+
+def test_workers_started_before_fit_start_are_counted(data) -> None:
+    monitor = PerfMonitor(verbose=False)
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, callbacks=[monitor], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(_StepsFromTrainer(2), DataLoader(_dataset(data), batch_size=BATCH, num_workers=2, persistent_workers=True))
+    for record in monitor.history:
+        _check_measured(record, workers=2)
+
+
+def test_datamodule_with_persistent_workers_and_validation(data, tmp_path) -> None:
+    from lightning_lmdb.datamodule import LMDBDataModule
+
+    dm = LMDBDataModule(data[0], val_fraction=0.25, cache_dir=tmp_path, build_workers=0, image_size=16, batch_size=BATCH,
+                        num_workers=2, persistent_workers=True)
+    monitor = PerfMonitor(verbose=False)
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, callbacks=[monitor], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(NoOpModel(2), datamodule=dm)
+    for record in monitor.history:
+        assert record["loader_samples"] == record["samples"] == IMAGES - round(IMAGES * 0.25), record
+        assert record["loader_workers"] == 2 and record["worker_cpu_s"] > 0
+        assert all(record[key] > 0 for key in LOADER_TIMES)
+
+
+def test_validation_on_the_same_dataset_is_not_counted(data) -> None:
+    dataset = _dataset(data)
+    monitor = _fit(DataLoader(dataset, batch_size=BATCH), epochs=2, val=DataLoader(dataset, batch_size=BATCH))
+    for record in monitor.history:
+        assert record["val_time_s"] > 0
+        _check_measured(record, workers=0)
+
+
+def test_workers_started_without_stats_report_none_that_epoch(data) -> None:
+    dataset = pickle.loads(pickle.dumps(_dataset(data)))  # a plain pickle: no stats
+    assert dataset.loader_stats is None
+    monitor = _fit(DataLoader(dataset, batch_size=BATCH, num_workers=2), epochs=2)
+    first, second = monitor.history
+    assert all(first[key] is None for key in LOADER_KEYS)  # its workers were forked before the monitor saw it
+    assert 0 < first["cpu_busy_frac"] <= 1
+    _check_measured(second, workers=2)  # fresh workers of the next epoch have them
+
+
+def test_dataset_without_the_hook_reports_n_a(data) -> None:
+    loader = DataLoader(TensorDataset(torch.zeros(IMAGES, 3, 4, 4), torch.zeros(IMAGES, dtype=torch.long)), batch_size=BATCH, num_workers=1)
+    monitor = _fit(loader)
+    (record,) = monitor.history
+    assert all(record[key] is None for key in LOADER_KEYS)
+    assert 0 < record["cpu_busy_frac"] <= 1 and record["main_cpu_s"] > 0
+    table = monitor.format_table()
+    assert "CPU %" in table and "workers CPU s" in table and "n/a" in table
+    assert monitor.summary()["cores"] == len(usable_cpus())
+
+
+@pytest.mark.slow
+def test_spawn_workers_are_measured(data) -> None:
+    loader = DataLoader(_dataset(data), batch_size=BATCH, num_workers=1, persistent_workers=True, multiprocessing_context="spawn")
+    monitor = _fit(loader, epochs=2)
+    for record in monitor.history:
+        _check_measured(record, workers=1)
