@@ -87,7 +87,7 @@ def test_errors_name_the_directory(tmp_path):
 
 def _summary(backend: str, repeat: int, times: list[float], wait: float, busy: float | None = None) -> dict:
     epochs = [{"epoch": i, "epoch_time_s": t, "samples": 640, "samples_per_s": 640 / t, "data_wait_frac": wait,
-               "data_wait_s": t * wait, "cpu_busy_frac": busy} for i, t in enumerate(times)]
+               "data_wait_s": t * wait, "cpu_busy_frac": busy, "worker_cpu_s": 1.5} for i, t in enumerate(times)]
     return {"backend": backend, "meta": {"backend": backend, "repeat": repeat, "batch_size": 64}, "epochs": epochs,
             "label": backend}
 

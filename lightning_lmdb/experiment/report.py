@@ -162,10 +162,12 @@ def verdict(summaries: Sequence[dict[str, Any]]) -> list[str]:
             lines = [f"not data-bound: the training loop waited < {DATA_BOUND_FRAC:.0%} of each epoch ({shares})"]
     saturated = {label: b for label, b in busy.items() if b is not None and b.median >= CPU_SATURATED_FRAC}
     if saturated:
+        workers = any((w := arm_stat(grouped[label], "worker_cpu_s")) is not None and w.median > 0 for label in saturated)
+        who = "loader workers saturate the CPU" if workers else "loading in the training process saturates the CPU"
         lines[0] += (
-            "; loader workers saturate the CPU ("
+            f"; {who} ("
             + ", ".join(f"{b.median:.0%} busy with {label}" for label, b in saturated.items())
-            + "): they compete with training for the cores, so the data-wait understates the loader's cost"
+            + "): loading and training compete for the cores, so the data-wait understates the loader's cost"
         )
     lines.append(_storage_line(grouped, data_bound=bool(known) and any(w.median >= DATA_BOUND_FRAC for w in known.values())))
     return lines
