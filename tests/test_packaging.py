@@ -1,0 +1,52 @@
+"""The library stands without the experiment's dependencies; the experiment's old import paths still work."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXTRA_ONLY = {"hydra", "omegaconf", "matplotlib", "pynvml", "tensorboard"}
+PACKAGE = Path(__file__).resolve().parents[1] / "lightning_lmdb"
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_library_does_not_import_the_train_extra() -> None:
+    library = [p for p in PACKAGE.rglob("*.py") if "experiment" not in p.relative_to(PACKAGE).parts]
+    assert len(library) > 10
+    offenders = {str(p.relative_to(PACKAGE)): _top_level_imports(p) & EXTRA_ONLY for p in library}
+    assert not {k: v for k, v in offenders.items() if v}, "the library must import without the train extra"
+    assert _top_level_imports(PACKAGE / "experiment" / "report.py") & EXTRA_ONLY, "the check sees such imports"
+
+
+@pytest.mark.slow
+def test_importing_the_library_loads_no_hydra() -> None:
+    code = ("import sys, lightning_lmdb.datamodule, lightning_lmdb.cli, lightning_lmdb.verify, lightning_lmdb.bench; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'hydra', 'omegaconf'}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
+
+
+def test_old_experiment_import_paths_are_the_new_modules() -> None:
+    import lightning_lmdb.callbacks
+    import lightning_lmdb.demo
+    import lightning_lmdb.report
+    import lightning_lmdb.toy_model
+    from lightning_lmdb.experiment import callbacks, demo, report, toy_model
+
+    assert lightning_lmdb.callbacks is callbacks and lightning_lmdb.report is report
+    assert lightning_lmdb.demo is demo and lightning_lmdb.toy_model is toy_model
+    assert callbacks.PerfMonitor is lightning_lmdb.callbacks.PerfMonitor
