@@ -12,9 +12,10 @@ import torch
 from imagegen import make_jpegs
 from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 
-from lightning_lmdb.dataset import LMDBImageDataset, LoaderStats, RawImageDataset
+from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
 from lightning_lmdb.experiment.callbacks import PerfMonitor, cpu_ticks, loader_stats_of, usable_cpus
 from lightning_lmdb.experiment.toy_model import NoOpModel
+from lightning_lmdb.loadstats import LoaderStats
 from lightning_lmdb.transforms import eval_transform
 from lightning_lmdb.writer import build_lmdb
 

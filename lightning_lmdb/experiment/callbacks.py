@@ -30,7 +30,7 @@ excluded, like ``epoch_time_s``):
 - ``perf/loader_read_ms`` / ``perf/loader_decode_ms`` / ``perf/loader_transform_ms``: mean time per
   sample getting its bytes into memory / decoding them to an image / in the transforms, measured
   inside the processes that load them (the DataLoader workers, or the training process with
-  ``num_workers=0``) by datasets with :class:`~lightning_lmdb.dataset.LoaderStats`
+  ``num_workers=0``) by datasets with :class:`~lightning_lmdb.loadstats.LoaderStats`
   (``LMDBImageDataset``, ``RawImageDataset``; also inside a ``Subset`` or ``ConcatDataset``). The
   record's ``loader_samples`` is how many samples they counted (it equals ``samples`` unless batches
   prefetched past ``limit_train_batches`` were loaded) and ``loader_workers`` how many worker
@@ -68,7 +68,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import ConcatDataset, Subset
 
-from lightning_lmdb.dataset import LoaderStats, ProcessLoad
+from lightning_lmdb.loadstats import LoaderStats, ProcessLoad
 
 FETCH_ACTION_SUFFIX = ".train_dataloader_next"
 _COLUMNS = (  # (record key, header, format)
