@@ -64,7 +64,8 @@ class LMDBDataModule(pl.LightningDataModule):
         val_fraction: Share of ``train_dir`` held out for validation. ``None`` (the default) chooses:
             ``0.1`` without ``val_dir``, no split with one. ``0`` disables the split; a value ``> 0`` together
             with ``val_dir`` is an error.
-        split_seed: Seed of that split (the same on every rank and run).
+        split_seed: Seed of that split and of the training order (epoch e shuffles with split_seed + e; the same on
+            every rank and run, so a resumed run continues the same order).
         backend: ``"lmdb"`` or ``"raw"``.
         cache_dir: Where the databases go; default :func:`default_cache_dir`. Each folder gets
             ``<name>-<hash of its path and storage>.lmdb``.
