@@ -359,10 +359,9 @@ class LMDBDataModule(pl.LightningDataModule):
         state = state_dict.get("train_loader")
         if state is None:
             return
-        if self._train_loader is not None:
+        if self._train_loader is not None:  # this module's loader of an earlier fit, or the one Lightning created early
             self._train_loader.load_state_dict(state)
-        else:
-            self._pending_train_state = state
+        self._pending_train_state = state  # and the next loader created (a reused module's next fit creates a new one)
 
     def val_dataloader(self) -> DataLoader:
         """Validation batches in order."""

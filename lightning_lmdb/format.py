@@ -161,6 +161,10 @@ class PathTable:
         return len(self.offsets) - 1
 
     def __getitem__(self, index: int) -> str:
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"path index {index} out of range for {len(self)} paths.")
         start, stop = int(self.offsets[index]), int(self.offsets[index + 1])
         return self.blob[start:stop].tobytes().decode("utf-8", "surrogateescape")
 

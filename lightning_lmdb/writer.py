@@ -465,11 +465,13 @@ class _Writer:
 
         def write(txn: lmdb.Transaction) -> None:
             txn.delete(fmt.PROGRESS_KEY)
-            txn.drop(checksum_db, delete=True)
+            # A handle opened in this transaction: drop() closes it even when the transaction then aborts
+            # (MapFullError), and the retry after the map grows needs a live one.
+            txn.drop(env.open_db(fmt.CHECKSUMS_DB, txn=txn), delete=True)
             fmt.write_meta(txn, meta)
             _fault("final")
 
-        self._write(env, write, pending=0)
+        self._write(env, write, pending=meta.count * 64 + 65536)  # the arrays: ~40 bytes a record, plus the header
         env.sync(True)
         return len(kept)
 

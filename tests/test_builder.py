@@ -195,3 +195,14 @@ def test_unreadable_file_is_named(tmp_path: Path) -> None:
         build_lmdb(source, tmp_path / "o.lmdb", workers=0, progress=False)
     report = build(source, tmp_path / "o.lmdb", workers=0, progress=False, on_error="skip")
     assert [s.path for s in report.skipped] == ["c0/dangling.jpg"] and report.count == 3
+
+
+def test_the_final_transaction_survives_a_full_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A map so small that the metadata transaction itself hits MapFullError and is retried after the map grows.
+    source = make_jpegs(tmp_path / "src", 26, size=16)
+    monkeypatch.setattr(writer, "_MIN_MAP_SIZE", 64 << 10)
+    monkeypatch.setattr(writer._Writer, "_initial_map_size", lambda self: 64 << 10)
+    report = writer.build(source, tmp_path / "out.lmdb", workers=0, progress=False)
+    assert report.action == "built" and report.count == 26
+    _, values = read_records(report.path)
+    assert values == [Path(f.path).read_bytes() for f in scan_folder(source).files]

@@ -50,7 +50,9 @@ def test_v2_header_is_small_and_arrays_round_trip(folder_and_db: tuple[Path, Pat
 def test_path_table_keeps_undecodable_names() -> None:
     names = ["a/b.jpg", "ñandú/猫.png", "x/\udcff\udcfe.jpg", ""]
     table = fmt.PathTable.from_strings(names)
-    assert len(table) == 4 and table.tolist() == names and table[1] == names[1]
+    assert len(table) == 4 and table.tolist() == names and table[1] == names[1] and table[-2] == names[2]
+    with pytest.raises(IndexError):
+        table[4]
 
 
 def _flip(path: Path, key: bytes) -> None:

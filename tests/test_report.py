@@ -133,3 +133,28 @@ def test_repeats_are_interleaved_and_tagged() -> None:
     assert batches == [[["data=raw", "ab.repeat=0"], ["data=lmdb", "ab.repeat=0"], ["data=lmdb", "ab.repeat=1"],
                         ["data=raw", "ab.repeat=1"], ["data=raw", "ab.repeat=2"], ["data=lmdb", "ab.repeat=2"]]]
     assert [len(b) for b in interleave(jobs, repeats=3, max_batch_size=4)] == [4, 2]
+
+
+def test_verdict_pairs_each_backend_with_raw_of_the_same_settings() -> None:
+    def run(backend: str, workers: int, time: float, repeat: int) -> dict:
+        summary = _summary(backend, repeat, [time, time, time], 0.3)
+        summary["meta"]["num_workers"] = workers
+        del summary["label"]
+        return summary
+
+    summaries = [run(b, w, {("raw", 2): 10.0, ("lmdb", 2): 6.0, ("raw", 8): 3.0, ("lmdb", 8): 3.0}[b, w] + r * 0.01, r)
+                 for r in range(3) for b in ("lmdb", "raw") for w in (2, 8)]
+    from lightning_lmdb.experiment.report import _add_labels
+
+    _add_labels(summaries)
+    lines = verdict(summaries)
+    assert lines[1].startswith("lmdb num_workers=2 saves 4.00") and "vs raw num_workers=2" in lines[1]
+    assert "lmdb num_workers=8 vs raw num_workers=8" in lines[2] and len(lines) == 3
+
+
+def test_one_run_each_says_which_way_and_jobs_sort_numerically(tmp_path) -> None:
+    line = verdict(_ab(raw=[(10.0, 0.3)], lmdb=[(4.0, 0.3)]))[1]
+    assert line.endswith("(lmdb saved 6.00 s/epoch vs raw in this run)")
+    for job in (2, 10, 1):
+        _write_run(tmp_path / str(job), "raw" if job != 10 else "lmdb", [1.0], 0.1, None)
+    assert [Path(s["path"]).parent.name for s in load_summaries(tmp_path)] == ["1", "2", "10"]

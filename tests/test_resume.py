@@ -113,6 +113,19 @@ def test_stopped_plus_resumed_equals_uninterrupted(tmp_path: Path, backend: str,
     assert first + second == full, "the resumed run continues with exactly the samples that were next"
 
 
+@pytest.mark.slow
+def test_resume_with_the_same_datamodule_object(tmp_path: Path) -> None:
+    # One DataModule for the preempted fit and its resume, with estimated_stepping_batches touched early:
+    # the restored position must reach the resumed fit's new loader, not only the old one.
+    source = make_identified_images(tmp_path / "src")
+    full = _fit(_datamodule(source, tmp_path / "cache", "lmdb", 0, False), Recorder(True), 2)
+    dm = _datamodule(source, tmp_path / "cache", "lmdb", 0, False)
+    ckpt = tmp_path / "preempted.ckpt"
+    first = _fit(dm, Recorder(True), 2, [PreemptAfter(3, ckpt)])
+    second = _fit(dm, Recorder(True), 2, ckpt_path=ckpt)
+    assert first + second == full
+
+
 def test_sampler_order_is_a_pure_function_and_resume_skips_consumed() -> None:
     data = list(range(23))
     a = ResumableSampler(data, seed=3, num_replicas=2, rank=1)

@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ def load_summaries(multirun_dir: str | os.PathLike[str]) -> list[dict[str, Any]]
     root = Path(multirun_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"multirun_dir={str(root)!r} is not a directory.")
-    paths = sorted(root.rglob(SUMMARY_NAME))
+    paths = sorted(root.rglob(SUMMARY_NAME), key=_natural)  # job 2 before job 10
     if not paths:
         raise FileNotFoundError(
             f"No {SUMMARY_NAME} below {root}. HINT: train with "
@@ -87,6 +88,10 @@ def load_summaries(multirun_dir: str | os.PathLike[str]) -> list[dict[str, Any]]
         summaries.append(summary)
     _add_labels(summaries)
     return summaries
+
+
+def _natural(path: Path) -> list[Any]:
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", str(path))]
 
 
 def _add_labels(summaries: list[dict[str, Any]]) -> None:
@@ -169,31 +174,44 @@ def verdict(summaries: Sequence[dict[str, Any]]) -> list[str]:
             + ", ".join(f"{b.median:.0%} busy with {label}" for label, b in saturated.items())
             + "): loading and training compete for the cores, so the data-wait understates the loader's cost"
         )
-    lines.append(_storage_line(grouped, data_bound=bool(known) and any(w.median >= DATA_BOUND_FRAC for w in known.values())))
+    data_bound = bool(known) and any(w.median >= DATA_BOUND_FRAC for w in known.values())
+    pairs = _pairs(grouped)
+    if not pairs:
+        lines.append("storage: not compared (run both backends with the same settings: python train.py -m data=raw,lmdb)")
+    lines += [_storage_line(raw_label, raw, label, runs, data_bound) for raw_label, raw, label, runs in pairs]
     return lines
 
 
-def _storage_line(grouped: dict[str, list[dict[str, Any]]], data_bound: bool) -> str:
-    raw = next((runs for runs in grouped.values() if runs[0].get("backend") == REFERENCE_BACKEND), None)
-    other = next(((label, runs) for label, runs in grouped.items() if runs[0].get("backend") != REFERENCE_BACKEND), None)
-    if raw is None or other is None:
-        return "storage: not compared (run both backends: python train.py -m data=raw,lmdb)"
-    label, runs = other
+def _settings(label: str) -> str:
+    """An arm's label without its backend: the settings a raw arm must share to be its reference."""
+    return label.split(" ", 1)[1] if " " in label else ""
+
+
+def _pairs(grouped: dict[str, list[dict[str, Any]]]) -> list[tuple[str, list[dict[str, Any]], str, list[dict[str, Any]]]]:
+    """(raw label, raw runs, label, runs) for each non-raw arm that has a raw arm with the same settings."""
+    raws = {_settings(label): (label, runs) for label, runs in grouped.items() if runs[0].get("backend") == REFERENCE_BACKEND}
+    return [(*raws[_settings(label)], label, runs) for label, runs in grouped.items()
+            if runs[0].get("backend") != REFERENCE_BACKEND and _settings(label) in raws]
+
+
+def _storage_line(raw_label: str, raw: list[dict[str, Any]], label: str, runs: list[dict[str, Any]], data_bound: bool) -> str:
     a, b = arm_stat(raw, "epoch_time_s"), arm_stat(runs, "epoch_time_s")
     if a is None or b is None:
-        return "storage: not compared (no complete epoch in one of the backends)"
+        return f"storage: {label} vs {raw_label} not compared (no complete epoch in one of them)"
     if min(a.n, b.n) < 2:
-        return f"inconclusive: one run per backend, so the run-to-run spread is unknown; rerun with ab.repeats=3 ({label} vs raw: " \
-               f"{a.median - b.median:+.2f} s/epoch)"
+        change = f"saved {a.median - b.median:.2f}" if a.median >= b.median else f"cost {b.median - a.median:.2f}"
+        return (f"inconclusive: one run per backend, so the run-to-run spread is unknown; rerun with ab.repeats=3 "
+                f"({label} {change} s/epoch vs {raw_label} in this run)")
     saved = a.median - b.median
     spread = math.hypot(a.spread, b.spread)
     runs_text = f"n={a.n} and {b.n}" if a.n != b.n else f"n={a.n}"
     if abs(saved) <= 2 * spread:
         prefix = "storage does not matter here" if not data_bound else "inconclusive"
-        return f"{prefix}: {label} vs raw differ by {abs(saved):.2f} s/epoch, within the run-to-run spread (± {spread:.2f} s, {runs_text})"
+        return (f"{prefix}: {label} vs {raw_label} differ by {abs(saved):.2f} s/epoch, within the run-to-run spread "
+                f"(± {spread:.2f} s, {runs_text})")
     if saved > 0:
-        return f"{label} saves {saved:.2f} ± {spread:.2f} s/epoch vs raw ({a.median / b.median:.2f}x faster, {runs_text})"
-    return f"{label} is slower than raw by {-saved:.2f} ± {spread:.2f} s/epoch ({b.median / a.median:.2f}x the time, {runs_text})"
+        return f"{label} saves {saved:.2f} ± {spread:.2f} s/epoch vs {raw_label} ({a.median / b.median:.2f}x faster, {runs_text})"
+    return f"{label} is slower than {raw_label} by {-saved:.2f} ± {spread:.2f} s/epoch ({b.median / a.median:.2f}x the time, {runs_text})"
 
 
 def comparison_table(summaries: Sequence[dict[str, Any]]) -> str:
