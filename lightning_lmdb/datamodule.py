@@ -167,7 +167,7 @@ class LMDBDataModule(pl.LightningDataModule):
                     f"{split}_dir {str(folder)!r} does not exist or is not a folder. Pass the folder that holds your images"
                     f" (Hydra: data.{split}_dir=/path/to/images)."
                     + (" With on_stale='ignore' an existing database is served without it, but there is none at "
-                       f"{str(self.database_path(split))!r}." if on_stale == "ignore" and backend == "lmdb" else "")
+                       f"{str(self.database_path(split))!r}." if serve_without_folder else "")
                 )
         self.readahead = readahead
         self.train_transform = train_transform if train_transform is not None else transforms.train_transform(image_size)
@@ -249,12 +249,12 @@ class LMDBDataModule(pl.LightningDataModule):
         scan = scan_folder(folder)
         if database.exists():
             try:
-                meta = load_meta(database)
+                meta = load_meta(database, arrays=True)
             except (FileNotFoundError, DatabaseError):
                 meta = None
             current = meta is not None and meta.source.fingerprint == scan.fingerprint()
             if current and meta.options.get("max_pixels") == self.build_options.max_pixels:
-                return RawImageDataset.from_database(folder, database)
+                return RawImageDataset.from_metadata(folder, meta)
         if self.build_options.on_error != "skip":
             return RawImageDataset(folder)
         bad = find_bad_files(scan, max_pixels=self.build_options.max_pixels, workers=self.build_options.workers)

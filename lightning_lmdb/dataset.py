@@ -405,7 +405,21 @@ class RawImageDataset(_ImageDataset):
         Raises:
             FileNotFoundError, DatabaseError: As :class:`LMDBImageDataset`.
         """
-        meta = envs.load_meta(database, arrays=True)
+        return cls.from_metadata(root, envs.load_meta(database, arrays=True), transform, target_transform, indices=indices)
+
+    @classmethod
+    def from_metadata(
+        cls,
+        root: str | os.PathLike[str],
+        meta: fmt.Metadata,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        *,
+        indices: Sequence[int] | None = None,
+    ) -> RawImageDataset:
+        """As :meth:`from_database`, from metadata already read with ``arrays=True``."""
+        if meta.paths is None:
+            raise ValueError("from_metadata needs metadata read with arrays=True (the paths).")
         dataset = cls.__new__(cls)
         dataset.root = str(Path(root).expanduser().resolve())
         dataset._targets, dataset._paths = meta.targets, meta.paths

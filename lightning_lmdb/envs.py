@@ -70,7 +70,7 @@ def open_env(path: str | os.PathLike[str], *, readahead: bool = True, validate_m
     except lmdb.Error as exc:
         if "already open" in str(exc):
             raise DatabaseError(
-                f"{str(path)!r} is already open in this process; use lightning_lmdb.format.shared() or close() it first."
+                f"{str(path)!r} is already open in this process; use lightning_lmdb.envs.shared() or close() it first."
             ) from exc
         raise DatabaseError(f"{str(path)!r} is not an LMDB file ({exc}). Point at a file made by lightning-lmdb build.") from exc
     try:

@@ -155,12 +155,17 @@ def build(
     return report
 
 
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity mask where the OS has one), else all of them."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def available_cores() -> int:
+    """How many CPU cores this process may run on (see :func:`usable_cpus`)."""
+    return len(usable_cpus())
 
 
 def _existing_meta(target: Path) -> fmt.Metadata | None:
@@ -343,7 +348,7 @@ class _Writer:
         bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress,
                    dynamic_ncols=True)
         started, nbytes = time.perf_counter(), 0
-        with self._results(tasks) as results:
+        with _read_files(tasks, self.workers) as results:
             for index, value, digest in results:
                 if value is None:  # a bad file: the third field is the reason
                     error = digest
@@ -370,16 +375,6 @@ class _Writer:
         self._commit(env, dbs, batch, len(files), skipped)
         bar.close()
 
-    @contextlib.contextmanager
-    def _results(self, tasks: list[tuple[int, str, str, int | None]]) -> Iterator[Iterator[tuple[int, bytes | None, str]]]:
-        if self.workers == 0 or len(tasks) < 2:
-            yield map(_read_one, tasks)
-            return
-        # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image.
-        chunksize = max(1, min(64, len(tasks) // (4 * self.workers)))
-        with multiprocessing.get_context().Pool(self.workers) as pool:
-            yield pool.imap(_read_one, tasks, chunksize=chunksize)
-
     def _commit(
         self, env: lmdb.Environment, dbs: tuple[Any, Any], batch: list[tuple[bytes, bytes, bytes]], consumed: int,
         skipped: list[dict[str, str]],
@@ -394,9 +389,10 @@ class _Writer:
                 txn.put(key, digest, db=checksums, append=True)
             txn.put(fmt.PROGRESS_KEY, fmt.dump_json(state))
 
-        self._write(env, write, pending=sum(len(value) for _, value, _ in batch))
+        nbytes = sum(len(value) for _, value, _ in batch)
+        self._write(env, write, pending=nbytes)
         self.written += len(batch)
-        self.written_bytes += sum(len(value) for _, value, _ in batch)
+        self.written_bytes += nbytes
         self.commits += 1
         _fault("commit", self.commits)
 
@@ -508,13 +504,18 @@ def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIX
     """
     bad = [fmt.Skipped(path, reason) for path, reason in scan.special]
     tasks = [(i, f.path, "check", max_pixels) for i, f in enumerate(scan.files)]
-    workers = available_cores() if workers is None else workers
-    if workers == 0 or len(tasks) < 2:
-        results: Iterator[tuple[int, bytes | None, str]] = map(_read_one, tasks)
+    with _read_files(tasks, available_cores() if workers is None else workers) as results:
         bad += [fmt.Skipped(scan.files[i].relpath, reason) for i, value, reason in results if value is None]
-        return bad
-    with multiprocessing.get_context().Pool(workers) as pool:
-        for i, value, reason in pool.imap(_read_one, tasks, chunksize=max(1, min(64, len(tasks) // (4 * workers)))):
-            if value is None:
-                bad.append(fmt.Skipped(scan.files[i].relpath, reason))
     return bad
+
+
+@contextlib.contextmanager
+def _read_files(tasks: list[tuple[int, str, str, int | None]], workers: int) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
+    """:func:`_read_one` of every task, in order: in this process (``workers=0``) or in a pool of ``workers`` processes."""
+    if workers == 0 or len(tasks) < 2:
+        yield map(_read_one, tasks)
+        return
+    # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image.
+    chunksize = max(1, min(64, len(tasks) // (4 * workers)))
+    with multiprocessing.get_context().Pool(workers) as pool:
+        yield pool.imap(_read_one, tasks, chunksize=chunksize)

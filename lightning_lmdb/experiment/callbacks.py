@@ -69,6 +69,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import ConcatDataset, Subset
 
 from lightning_lmdb.loadstats import LoaderStats, ProcessLoad
+from lightning_lmdb.writer import usable_cpus
 
 FETCH_ACTION_SUFFIX = ".train_dataloader_next"
 _COLUMNS = (  # (record key, header, format)
@@ -90,14 +91,6 @@ _LOGGED = ("epoch_time_s", "samples_per_s", "data_wait_s", "data_wait_frac", "va
            "gpu_util_pct", "gpu_util_median_pct", "gpu_mem_peak_mb")
 #: /proc/stat columns that count as busy: user, nice, system, irq, softirq, steal (of the first 8).
 _BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
-
-
-def usable_cpus() -> list[int]:
-    """The CPUs this process may run on (its affinity mask), else all of them."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return list(range(os.cpu_count() or 1))
 
 
 def cpu_ticks(cpus: list[int] | None = None) -> tuple[int, int] | None:

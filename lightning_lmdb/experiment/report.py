@@ -157,11 +157,12 @@ def verdict(summaries: Sequence[dict[str, Any]]) -> list[str]:
     waits = {label: arm_stat(runs, "data_wait_frac") for label, runs in grouped.items()}
     busy = {label: arm_stat(runs, "cpu_busy_frac") for label, runs in grouped.items()}
     known = {label: w for label, w in waits.items() if w is not None}
+    data_bound = any(w.median >= DATA_BOUND_FRAC for w in known.values())
     if not known:
         lines = ["data-bound: unknown (no data-wait was measured)"]
     else:
         shares = " vs ".join(f"{w.median:.0%} ({label})" for label, w in known.items())
-        if any(w.median >= DATA_BOUND_FRAC for w in known.values()):
+        if data_bound:
             lines = [f"data-bound: the training loop waited {shares} of each epoch"]
         else:
             lines = [f"not data-bound: the training loop waited < {DATA_BOUND_FRAC:.0%} of each epoch ({shares})"]
@@ -174,7 +175,6 @@ def verdict(summaries: Sequence[dict[str, Any]]) -> list[str]:
             + ", ".join(f"{b.median:.0%} busy with {label}" for label, b in saturated.items())
             + "): loading and training compete for the cores, so the data-wait understates the loader's cost"
         )
-    data_bound = bool(known) and any(w.median >= DATA_BOUND_FRAC for w in known.values())
     pairs = _pairs(grouped)
     if not pairs:
         lines.append("storage: not compared (run both backends with the same settings: python train.py -m data=raw,lmdb)")
