@@ -1,12 +1,25 @@
-"""Shared by the benchmark scripts: a generated folder of photo-like JPEGs (no downloads)."""
+"""Shared by the benchmark scripts: generated image folders (no photo corpus can be downloaded here).
+
+* :func:`make_jpeg_folder`: photo-like JPEGs (smooth gradients plus noise), 160-320 px: the build and
+  read benchmarks.
+* :func:`make_photo_folder`: an ImageNet-like folder: 256-500 px JPEGs of 30-110 KB at quality 90,
+  with a 1/f-like spectrum (octaves of smooth noise plus fine grain), so that JPEG sizes and decode
+  costs resemble photographs'. Not photographs: real ImageNet JPEGs average ~110 KB at ~400x350.
+* :func:`make_png_folder`: icon-like PNGs of 48-256 px in mixed modes (RGBA, RGB, grey, grey + alpha,
+  palette, palette with transparency): flat shapes, gradients and mild noise.
+
+Each folder is generated once (in parallel) and reused: a ``.complete`` marker is written last.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 
 
 def make_jpeg_folder(root: Path, count: int, *, classes: int = 10, min_side: int = 160, max_side: int = 320, seed: int = 0) -> Path:
@@ -28,6 +41,84 @@ def make_jpeg_folder(root: Path, count: int, *, classes: int = 10, min_side: int
         Image.fromarray(pixels).save(path, quality=90)
     marker.write_text(str(count))
     return root
+
+
+def photo_pixels(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
+    """An ``H x W x 3`` photo-like image: octaves of smooth noise (amplitude falling with frequency) plus grain."""
+    import cv2
+
+    acc = np.zeros((height, width, 3), np.float32)
+    for octave, amplitude in ((4, 60), (8, 40), (16, 28), (32, 20), (64, 14), (128, 9)):
+        small = rng.normal(0, 1, (max(2, height * octave // 512), max(2, width * octave // 512), 3)).astype(np.float32)
+        small[..., 1:] = 0.6 * small[..., :1] + 0.4 * small[..., 1:]  # correlated channels, as in photos
+        acc += amplitude * cv2.resize(small, (width, height), interpolation=cv2.INTER_CUBIC)
+    acc += rng.normal(0, rng.uniform(6, 16), (height, width, 3)).astype(np.float32)
+    acc += rng.uniform(60, 190, 3).astype(np.float32)
+    return np.clip(acc, 0, 255).astype(np.uint8)
+
+
+#: The modes of :func:`make_png_folder`, in rotation (``"PA"``: palette with transparency).
+PNG_MODES = ("RGBA", "RGBA", "RGB", "L", "LA", "P", "PA")
+
+
+def icon_image(rng: np.random.Generator, side: int, mode: str) -> Image.Image:
+    """An icon-like image: a few flat shapes with alpha, a gradient and mild noise, in ``mode`` (see :data:`PNG_MODES`)."""
+    img = Image.new("RGBA", (side, side), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(2, 7))):
+        colour = (*(int(v) for v in rng.integers(0, 256, 3)), int(rng.integers(160, 256)))
+        x0, y0 = (int(v) for v in rng.integers(0, side * 3 // 4, 2))
+        x1, y1 = x0 + int(rng.integers(side // 6, side // 2 + 2)), y0 + int(rng.integers(side // 6, side // 2 + 2))
+        (draw.ellipse, draw.rectangle, draw.rounded_rectangle)[int(rng.integers(0, 3))]((x0, y0, x1, y1), fill=colour)
+    yy, xx = np.mgrid[0:side, 0:side]
+    pixels = np.asarray(img).astype(np.float32)
+    pixels[..., :3] += xx[..., None] / side * rng.uniform(-40, 40, 3) + rng.normal(0, rng.uniform(0, 6), (side, side, 3))
+    img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGBA")
+    if mode == "P":
+        return img.convert("RGB").quantize(int(rng.integers(16, 256)))
+    if mode == "PA":
+        return img.quantize(int(rng.integers(16, 256)))
+    return img if mode == "RGBA" else img.convert(mode)
+
+
+def _write_photo(task: tuple[Path, int, int]) -> None:
+    root, i, seed = task
+    rng = np.random.default_rng((seed, i))
+    width, height = (int(v) for v in rng.integers(256, 501, 2))
+    path = root / f"n{i % 100:08d}" / f"img_{i:07d}.JPEG"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(photo_pixels(rng, width, height)).save(path, quality=90)
+
+
+def _write_icon(task: tuple[Path, int, int]) -> None:
+    root, i, seed = task
+    rng = np.random.default_rng((seed, i))
+    mode = PNG_MODES[i % len(PNG_MODES)]
+    path = root / f"set_{i % 20:02d}" / f"icon_{i:06d}_{mode.lower()}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    icon_image(rng, int(rng.integers(48, 257)), mode).save(path)
+
+
+def _generate(root: Path, count: int, seed: int, write: Callable[[tuple[Path, int, int]], None]) -> Path:
+    marker = root / ".complete"
+    if marker.exists() and marker.read_text() == str(count):
+        return root
+    tasks = [(root, i, seed) for i in range(count)]
+    with multiprocessing.get_context("fork").Pool(len(os.sched_getaffinity(0))) as pool:
+        for _ in pool.imap_unordered(write, tasks, chunksize=64):
+            pass
+    marker.write_text(str(count))
+    return root
+
+
+def make_photo_folder(root: Path, count: int, *, seed: int = 0) -> Path:
+    """``count`` ImageNet-like JPEGs (256-500 px, 30-110 KB) in 100 class folders; generated once, then reused."""
+    return _generate(root, count, seed, _write_photo)
+
+
+def make_png_folder(root: Path, count: int, *, seed: int = 0) -> Path:
+    """``count`` icon-like PNGs (48-256 px) in the modes of :data:`PNG_MODES`, 20 class folders; generated once, then reused."""
+    return _generate(root, count, seed, _write_icon)
 
 
 def folder_bytes(root: Path) -> tuple[int, int]:

@@ -35,7 +35,8 @@ import lmdb
 from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.cache import evict, resident_fraction
-from lightning_lmdb.codec import decode_image, decode_record
+from lightning_lmdb.codec import decode_record
+from lightning_lmdb.decoders import DECODERS, decode
 
 #: (name, readahead) of the storages measured; ``None`` means raw files.
 STORAGES: tuple[tuple[str, bool | None], ...] = (("raw", None), ("lmdb readahead=on", True), ("lmdb readahead=off", False))
@@ -54,6 +55,7 @@ def run_read_benchmark(
     workers: int | None = None,
     decode: bool = False,
     seed: int = 0,
+    decoder: str = "pil",
     out: Callable[[str], Any] = print,
 ) -> list[dict[str, Any]]:
     """Measure shuffled reads of raw files and of the LMDB file, cold and warm, and print a table.
@@ -66,9 +68,10 @@ def run_read_benchmark(
         limit: Read only the first ``limit`` records of the shuffled order (``None``: all).
         workers: Build processes, if a build is needed (``None``: one per core). Reads are measured
             in this one process.
-        decode: Also decode every sample to an RGB image (raw files and ``encoded`` records through
-            :func:`~lightning_lmdb.codec.decode_image`), the realistic per-sample cost.
+        decode: Also decode every sample to an RGB image (raw files and records through the same
+            decoder), the realistic per-sample cost.
         seed: Seed of the shuffled order.
+        decoder: With ``decode``: ``"pil"`` (``ImageFolder``'s), ``"torchcodec"``, ``"opencv"`` or ``"auto"``.
         out: Where the table and warnings go (``print`` by default).
 
     Returns:
@@ -85,6 +88,8 @@ def run_read_benchmark(
 
     if passes < 1:
         raise ValueError(f"passes={passes} must be >= 1.")
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
     if limit is not None and limit < 1:
         raise ValueError(f"limit={limit} must be >= 1 (or None for every record).")
     source_root = Path(source).expanduser().resolve()
@@ -117,7 +122,7 @@ def run_read_benchmark(
                     "(tmpfs or a filesystem ignoring fadvise, or another process maps it); its cold numbers are warm."
                 )
             for regime in REGIMES:
-                seconds, size = _pass(name, readahead, files, target, order, storage, decode)
+                seconds, size = _pass(name, readahead, files, target, order, storage, decoder if decode else None)
                 times[name, regime].append(seconds)
                 nbytes[name] = size
 
@@ -140,7 +145,7 @@ def run_read_benchmark(
                 "evicted": max(resident[name]) <= EVICTED_MAX if regime == "cold" else None,
                 "pass_seconds": times[name, regime],
             })
-    _print_table(rows, out, meta=meta, target=target, passes=passes, decode=decode, storage=storage)
+    _print_table(rows, out, meta=meta, target=target, passes=passes, decode=decoder if decode else None, storage=storage)
     return rows
 
 
@@ -153,7 +158,7 @@ def _existing_storage(target: Path) -> str:
 
 
 def _pass(
-    name: str, readahead: bool | None, files: Sequence[str], target: Path, order: Sequence[int], storage: str, decode: bool
+    name: str, readahead: bool | None, files: Sequence[str], target: Path, order: Sequence[int], storage: str, decoder: str | None
 ) -> tuple[float, int]:
     """One timed pass over the samples; returns (seconds, bytes read)."""
     total = 0
@@ -163,8 +168,8 @@ def _pass(
             with open(path, "rb") as f:
                 data = f.read()
             total += len(data)
-            if decode:
-                decode_image(data, max_pixels=None, name=path)
+            if decoder is not None:
+                decode(data, decoder, name=path)
         return time.perf_counter() - started, total
     envs.close(target)  # a private environment, to choose readahead (py-lmdb allows one per file per process)
     env = envs.open_env(target, readahead=readahead, validate_meta=False)  # checked by the caller
@@ -178,8 +183,8 @@ def _pass(
                 if value is None:
                     raise fmt.DatabaseError(f"{str(target)!r} has no record {key.decode()}: the database is damaged; rebuild it.")
                 total += len(value)
-                if decode:
-                    decode_record(value, storage, name=f"{target.name}[{index}]")
+                if decoder is not None:
+                    decode_record(value, storage, name=f"{target.name}[{index}]", decoder=decoder)
             seconds = time.perf_counter() - started
     except lmdb.Error as exc:
         raise fmt.DatabaseError(f"Reading {str(target)!r} failed ({exc}): rebuild it.") from exc
@@ -189,11 +194,12 @@ def _pass(
 
 
 def _print_table(
-    rows: list[dict[str, Any]], out: Callable[[str], Any], *, meta: fmt.Metadata, target: Path, passes: int, decode: bool, storage: str
+    rows: list[dict[str, Any]], out: Callable[[str], Any], *, meta: fmt.Metadata, target: Path, passes: int, decode: str | None,
+    storage: str,
 ) -> None:
     src_mb = meta.source.bytes / 1e6
     db_mb = target.stat().st_size / 1e6
-    work = "read + decode to RGB" if decode else "read bytes"
+    work = f"read + decode to RGB ({decode})" if decode else "read bytes"
     ra_kb = _read_ahead_kb(target)
     out(
         f"{rows[0]['samples']} of {meta.count} records, shuffled; {work}; {storage} storage; "

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from lightning_lmdb import __version__
-from lightning_lmdb.codec import DEFAULT_MAX_PIXELS
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
+from lightning_lmdb.decoders import DECODERS
 from lightning_lmdb.format import DatabaseError
 from lightning_lmdb.options import CHOICES, BuildOptions
 
@@ -54,7 +55,8 @@ def _build(args: argparse.Namespace) -> int:
 
     options = BuildOptions(
         storage=args.storage, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite, on_stale=args.on_stale,
-        max_pixels=args.max_pixels or None, commit_every=args.commit_every, progress=not args.quiet,
+        max_pixels=args.max_pixels or None, resize=args.resize, quality=args.quality, commit_every=args.commit_every,
+        progress=not args.quiet,
     )
     report = build(args.source, args.target, options)
     print(
@@ -125,7 +127,8 @@ def _bench(args: argparse.Namespace) -> int:
     from lightning_lmdb.bench import run_read_benchmark
 
     run_read_benchmark(
-        args.source, args.target, passes=args.passes, limit=args.limit, workers=args.workers, decode=args.decode, seed=args.seed
+        args.source, args.target, passes=args.passes, limit=args.limit, workers=args.workers, decode=args.decode, seed=args.seed,
+        decoder=args.decoder,
     )
     return 0
 
@@ -151,6 +154,9 @@ def make_parser() -> argparse.ArgumentParser:
     build.add_argument("--on-stale", choices=CHOICES["on_stale"], default="rebuild", help="when the source changed since the last build")
     build.add_argument("--overwrite", action="store_true", help="rebuild even if up to date")
     build.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, help="refuse larger images (0: no limit)")
+    build.add_argument("--resize", type=int, default=None, metavar="S",
+                       help="pre-resized storage: shrink images whose shorter side is larger than S to S (aspect kept, never upscaled)")
+    build.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality of images --resize re-encodes (default: 90)")
     build.add_argument("--commit-every", type=int, default=1000, help="records per transaction")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=_build)
@@ -177,6 +183,7 @@ def make_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=None, help="samples per pass (default: every record)")
     bench.add_argument("--workers", type=int, default=None, help="build processes if a build is needed")
     bench.add_argument("--decode", action="store_true", help="also decode every sample to RGB")
+    bench.add_argument("--decoder", choices=DECODERS, default="pil", help="with --decode: the decoder (default: pil, ImageFolder's)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the shuffled order")
     bench.set_defaults(func=_bench)
 

@@ -1,14 +1,16 @@
 """The storage codec: the one place where source bytes become record values and records become pixels.
 
-* :func:`encode_record` (the builder): validate a source file by decoding it fully, and return the
-  value stored for it -- the file's bytes (``storage="encoded"``) or its RGB pixels (``"decoded"``).
-* :func:`decode_record` (the datasets, ``verify``, ``bench``): a stored value back to an RGB image.
-* :func:`decode_image`: what both do with encoded bytes, so every path yields the pixels
-  torchvision's ``ImageFolder`` yields: PIL, then ``convert("RGB")`` exactly like
-  ``torchvision.datasets.folder.pil_loader`` (grayscale, LA, palette with transparency, RGBA, CMYK
-  and 16-bit images included; never BGR).
+* :func:`encode_record` (the builder): validate a source file by decoding it fully with PIL (exactly
+  ``ImageFolder``'s RGB conversion), and return the value stored for it -- the file's bytes
+  (``storage="encoded"``) or its RGB pixels (``"decoded"``); with ``resize=S``, the image shrunk so its
+  shorter side is at most ``S`` (aspect kept, never upscaled, OpenCV ``INTER_AREA``), stored re-encoded
+  (JPEG at ``quality`` for lossy sources -- JPEG, lossy WebP --, PNG for lossless ones) or as pixels.
+  An image already that small is stored as it is.
+* :func:`decode_record` (the datasets, ``verify``, ``bench``): a stored value back to an RGB image,
+  through :mod:`lightning_lmdb.decoders` (PIL image for ``decoder="pil"``, else a ``uint8`` tensor).
 
-A new storage mode touches this module only (and :data:`STORAGES`).
+A new storage mode touches this module only (and :data:`STORAGES`); a new decoder touches
+:mod:`lightning_lmdb.decoders` only.
 
 ``decoded`` record layout: a 12-byte header (``<III``: height, width, channels) followed by RGB
 ``uint8`` pixels in row-major ``H x W x C`` order.
@@ -16,82 +18,30 @@ A new storage mode touches this module only (and :data:`STORAGES`).
 
 from __future__ import annotations
 
-import io
 import struct
-import warnings
 
 import numpy as np
+import torch
 from PIL import Image
+
+from lightning_lmdb.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor
+from lightning_lmdb.imageinfo import read_info
+
+__all__ = ["STORAGES", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordError", "decode_image", "decode_record", "encode_record",
+           "encode_pixels", "decode_pixels", "resize_pixels"]
 
 #: The storage modes of a database.
 STORAGES = ("encoded", "decoded")
+#: JPEG quality of re-encoded lossy sources in a ``resize=`` build.
+DEFAULT_QUALITY = 90
 _PIXEL_HEADER = struct.Struct("<III")
+
+#: ``ImageFolder``'s decode (PIL, ``convert("RGB")``), kept under its historical name.
+decode_image = decode_pil
 
 
 class RecordError(ValueError):
     """A stored record value that does not parse (the database is damaged)."""
-
-#: Default pixel limit: Pillow's own warning threshold (~89.5 megapixels).
-DEFAULT_MAX_PIXELS: int = 89_478_485
-
-# Pillow's DecompressionBombWarning duplicates our own pixel check (``max_pixels``), so it is silenced
-# once, here. Not with ``warnings.catch_warnings()`` around each decode: entering it resets Python's
-# once-per-location registry, and every other warning (e.g. Pillow's "Palette images with
-# Transparency") was then printed once per image instead of once per process.
-warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
-
-
-class ImageDecodeError(ValueError):
-    """Bytes that are not a decodable image, or an image over the pixel limit.
-
-    Attributes:
-        name: The image (usually its path).
-        reason: What is wrong with it and what to do, without the name.
-    """
-
-    def __init__(self, name: str, reason: str):
-        super().__init__(f"{name}: {reason}")
-        self.name, self.reason = name, reason
-
-
-def decode_image(data: bytes | memoryview, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, name: str = "<bytes>") -> Image.Image:
-    """Decode encoded image bytes to a fully loaded RGB PIL image.
-
-    The pixel count is checked from the header before any pixel is decoded, so a decompression bomb
-    (a tiny file that expands to gigabytes) is refused cheaply.
-
-    Args:
-        data: The encoded file contents.
-        max_pixels: Refuse images with more pixels than this; ``None`` for no limit of ours (Pillow's
-            hard limit of twice its warning threshold still applies).
-        name: How to name the image in errors (usually its path).
-
-    Returns:
-        An RGB image.
-
-    Raises:
-        ImageDecodeError: Not an image, truncated or corrupt, or over ``max_pixels``.
-    """
-    if not len(data):
-        raise ImageDecodeError(name, "the file is empty. Remove it or replace it with the image.")
-    try:
-        img = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:
-        raise ImageDecodeError(name, str(exc)) from exc
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise ImageDecodeError(name, "not an image in a format Pillow can read. Remove or replace the file.") from exc
-    with img:
-        width, height = img.size
-        if max_pixels is not None and width * height > max_pixels:
-            raise ImageDecodeError(
-                name,
-                f"{width}x{height} = {width * height:,} pixels exceeds the limit of {max_pixels:,} "
-                "(a possible decompression bomb). Raise max_pixels if the image is genuine."
-            )
-        try:
-            return img.convert("RGB")
-        except (OSError, SyntaxError, ValueError, EOFError) as exc:
-            raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
 
 
 def encode_pixels(pixels: np.ndarray) -> bytes:
@@ -119,30 +69,72 @@ def decode_pixels(value: bytes | memoryview) -> np.ndarray:
     return np.frombuffer(value, dtype=np.uint8, offset=_PIXEL_HEADER.size).reshape(height, width, channels).copy()
 
 
-def encode_record(data: bytes, storage: str, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, name: str = "<bytes>") -> bytes:
+def resize_pixels(pixels: np.ndarray, side: int) -> np.ndarray:
+    """Shrink ``H x W x 3`` pixels so the shorter side is ``side`` (aspect kept; returned as is when already that small)."""
+    height, width = pixels.shape[:2]
+    short = min(height, width)
+    if short <= side:
+        return pixels
+    import cv2
+
+    size = (max(1, round(width * side / short)), max(1, round(height * side / short)))
+    return cv2.resize(pixels, size, interpolation=cv2.INTER_AREA)
+
+
+def _encode_image(pixels: np.ndarray, lossy: bool, quality: int) -> bytes:
+    import cv2
+
+    bgr = cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR)
+    ok, buffer = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality]) if lossy else cv2.imencode(".png", bgr)
+    if not ok:  # pragma: no cover - OpenCV reports failure only for unsupported input
+        raise ValueError("OpenCV could not encode the resized image.")
+    return buffer.tobytes()
+
+
+def encode_record(
+    data: bytes,
+    storage: str,
+    *,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    name: str = "<bytes>",
+    resize: int | None = None,
+    quality: int = DEFAULT_QUALITY,
+) -> bytes:
     """Validate a source file's bytes (a full decode) and return the value stored for it.
 
     Args:
         data: The file's bytes.
-        storage: ``"encoded"`` (the bytes themselves) or ``"decoded"`` (RGB pixels).
+        storage: ``"encoded"`` (the bytes themselves, or re-encoded when resized) or ``"decoded"`` (RGB pixels).
         max_pixels: Refuse larger images (decompression bombs); ``None`` for no limit.
         name: How to name the file in errors.
+        resize: Shrink images whose shorter side is larger than this (``None``: keep the size).
+        quality: JPEG quality of re-encoded lossy sources (with ``resize``).
 
     Raises:
         ImageDecodeError: Not a decodable image, or over ``max_pixels``.
     """
-    image = decode_image(data, max_pixels=max_pixels, name=name)
-    return encode_pixels(np.asarray(image)) if storage == "decoded" else data
+    image = decode_pil(data, max_pixels=max_pixels, name=name)
+    if resize is None or min(image.size) <= resize:
+        return encode_pixels(np.asarray(image)) if storage == "decoded" else data
+    small = resize_pixels(np.asarray(image), resize)
+    if storage == "decoded":
+        return encode_pixels(small)
+    return _encode_image(small, read_info(data).lossy, quality)
 
 
-def decode_record(value: bytes | memoryview, storage: str, *, name: str = "<record>") -> Image.Image:
-    """Turn a stored record value into an RGB PIL image.
+def decode_record(
+    value: bytes | memoryview, storage: str, *, name: str = "<record>", decoder: str = "pil", decode_size: int | None = None
+) -> Image.Image | torch.Tensor:
+    """Turn a stored record value into an RGB image: a PIL image for ``decoder="pil"``, else a ``uint8`` ``3 x H x W`` tensor.
 
     Args:
         value: The record value as stored by the builder.
-        storage: ``"encoded"`` (original file bytes) or ``"decoded"`` (pixel header + RGB pixels).
+        storage: ``"encoded"`` (image file bytes) or ``"decoded"`` (pixel header + RGB pixels).
         name: How to name the record in errors.
+        decoder: ``"pil"``, ``"torchcodec"``, ``"opencv"`` or ``"auto"`` (see :mod:`lightning_lmdb.decoders`).
+        decode_size: The shorter side the transform needs (reduced-size JPEG decoding; ignored for pixels).
     """
     if storage == "decoded":
-        return Image.fromarray(decode_pixels(value))
-    return decode_image(value, max_pixels=None, name=name)
+        pixels = decode_pixels(value)
+        return Image.fromarray(pixels) if decoder == "pil" else hwc_to_tensor(pixels)
+    return decode(value, decoder, decode_size=decode_size, name=name)

@@ -5,25 +5,30 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 from torchvision.datasets.folder import find_classes
 
 from lightning_lmdb import cache, transforms
-from lightning_lmdb.codec import DEFAULT_MAX_PIXELS
+from lightning_lmdb.batchdecode import Collate, DeferredImages
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
+from lightning_lmdb.decoders import DECODERS, Decoder
 from lightning_lmdb.envs import load_meta
 from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.format import DatabaseError
 from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
 from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler
+from lightning_lmdb.transforms import ResizedCrop
 from lightning_lmdb.writer import available_cores, build_lmdb, find_bad_files
 
 log = logging.getLogger(__name__)
@@ -31,9 +36,20 @@ log = logging.getLogger(__name__)
 Backend = Literal["lmdb", "raw"]
 #: A DataLoader worker start method (``None`` in ``LMDBDataModule`` means the platform default).
 StartMethod = Literal["fork", "spawn", "forkserver"]
+#: Where the batched JPEG decode runs (``None``: every sample is decoded in the workers).
+DecodeDevice = Literal["cuda", "cpu"]
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
+DECODE_DEVICES: tuple[str, ...] = get_args(DecodeDevice)
+#: The batch hooks this module chains to a LightningModule's own (Lightning would call only one of the two).
+CHAINED_HOOKS = ("on_before_batch_transfer", "on_after_batch_transfer")
+
+
+def _silence_the_both_hooks_warning() -> None:
+    """Lightning's "it will use the implementation from LightningDataModule" is not true here: both hooks run (see ``_chain``)."""
+    for hook in CHAINED_HOOKS:
+        warnings.filterwarnings("ignore", message=f"You have overridden `{hook}` in both `LightningModule` and `LightningDataModule`")
 SPLITS = ("train", "val", "test")
 #: The validation share held out of ``train_dir`` when ``val_fraction`` is ``None`` and no ``val_dir`` is given.
 DEFAULT_VAL_FRACTION = 0.1
@@ -68,17 +84,38 @@ class LMDBDataModule(pl.LightningDataModule):
             every rank and run, so a resumed run continues the same order).
         backend: ``"lmdb"`` or ``"raw"``.
         cache_dir: Where the databases go; default :func:`default_cache_dir`. Each folder gets
-            ``<name>-<hash of its path and storage>.lmdb``.
+            ``<name>-<hash of its path, storage and resize>.lmdb``.
         storage: ``"encoded"`` (original bytes) or ``"decoded"`` (RGB pixels, no decode at read time).
+        resize: Pre-resized storage: the builder shrinks images whose shorter side is larger than this (aspect
+            kept, never upscaled) and stores them re-encoded (``encoded``) or as pixels (``decoded``); ``None``
+            keeps the originals. It changes the pixels the model sees, within the bound the README states.
+        quality: JPEG quality of the images ``resize`` re-encodes.
+        decoder: How records become pixels: ``"auto"`` (the fastest that keeps the parity policy, per record),
+            ``"pil"`` (``ImageFolder``'s exact pixels), ``"torchcodec"`` or ``"opencv"`` (see
+            :mod:`lightning_lmdb.decoders`). The raw backend uses the same one.
+        decode_size: The shorter side each split's transform needs, so JPEGs much larger are decoded at 1/2, 1/4
+            or 1/8 scale: ``"auto"`` takes it from the default transforms (``image_size`` for training, the
+            evaluation resize for the rest; ``image_size`` for a transform of yours), an integer sets it,
+            ``None`` decodes every image whole.
+        decode_device: ``"cuda"``: JPEGs are decoded batch by batch on the GPU in the training process (the
+            workers only draw each sample's crop); ``"cpu"``: the same batched path on the CPU (for tests);
+            ``None`` (default): every sample is decoded in the workers. Needs the default transforms.
+        finish_on_device: Workers send ``uint8`` batches and ``on_after_batch_transfer`` converts them to float and
+            normalises (``mean``, ``std``) on the training device. ``False``: the default transforms do it in
+            the workers. Float batches of your own transforms always pass through untouched.
+        mean: Per-channel mean of the normalisation.
+        std: Per-channel standard deviation of the normalisation.
         build_workers: Builder processes (``None``: one per core).
         on_error: Builder policy for bad files: ``"raise"`` or ``"skip"``.
         on_stale: When a folder changed since its database was built: ``"rebuild"``, ``"error"`` or
             ``"ignore"`` (no scan at all: the fastest start on network storage).
         max_pixels: Builder's decompression-bomb limit.
         readahead: LMDB readahead; ``None`` chooses by file size against available memory.
-        image_size: Side of the default transforms' output.
-        train_transform: Transform of training images (default: :func:`transforms.train_transform`).
-        eval_transform: Transform of validation/test images (default: :func:`transforms.eval_transform`).
+        image_size: Side of the default transforms' output (and of ``decode_size="auto"``).
+        train_transform: Transform of training images (default: :func:`transforms.train_transform`, a random resized
+            crop and flip to ``image_size``, uint8).
+        eval_transform: Transform of validation/test images (default: :func:`transforms.eval_transform`, the centre
+            square resized to ``image_size``, uint8).
         batch_size: Samples per batch.
         num_workers: DataLoader worker processes (``None``: one per core, at most 8).
         pin_memory: Pin batches for faster GPU copies (``None``: when CUDA is available).
@@ -113,6 +150,14 @@ class LMDBDataModule(pl.LightningDataModule):
         backend: Backend = "lmdb",
         cache_dir: str | os.PathLike[str] | None = None,
         storage: Storage = "encoded",
+        resize: int | None = None,
+        quality: int = DEFAULT_QUALITY,
+        decoder: Decoder = "auto",
+        decode_size: int | Literal["auto"] | None = "auto",
+        decode_device: DecodeDevice | None = None,
+        finish_on_device: bool = True,
+        mean: Sequence[float] = transforms.IMAGENET_MEAN,
+        std: Sequence[float] = transforms.IMAGENET_STD,
         build_workers: int | None = None,
         on_error: OnError = "raise",
         on_stale: OnStale = "rebuild",
@@ -136,6 +181,8 @@ class LMDBDataModule(pl.LightningDataModule):
         choices: tuple[tuple[str, Any, tuple[str | None, ...]], ...] = (
             ("backend", backend, BACKENDS),
             ("multiprocessing_context", multiprocessing_context, (*START_METHODS, None)),
+            ("decoder", decoder, DECODERS),
+            ("decode_device", decode_device, (*DECODE_DEVICES, None)),
         )
         for name, value, valid in choices:
             if value not in valid:
@@ -150,6 +197,7 @@ class LMDBDataModule(pl.LightningDataModule):
             raise ValueError("No data: pass train_dir (and val_dir / test_dir or val_fraction).")
         # hyper-parameters are plain values: a Path would not load with torch.load(weights_only=True)
         train_dir, val_dir, test_dir, cache_dir = (None if d is None else os.fspath(d) for d in (train_dir, val_dir, test_dir, cache_dir))
+        mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.save_hyperparameters(ignore=["train_transform", "eval_transform"])
         given_dirs = (train_dir, val_dir, test_dir)
         self.dirs = {name: None if d is None else Path(d).expanduser().resolve() for name, d in zip(SPLITS, given_dirs, strict=True)}
@@ -159,7 +207,15 @@ class LMDBDataModule(pl.LightningDataModule):
         self.split_seed, self.backend = split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.build_options = BuildOptions(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
-                                          max_pixels=max_pixels)
+                                          max_pixels=max_pixels, resize=resize, quality=quality)
+        if decode_size != "auto" and decode_size is not None and (isinstance(decode_size, bool) or not isinstance(decode_size, int)
+                                                                  or decode_size < 1):
+            raise ValueError(f"decode_size={decode_size!r} must be 'auto', a positive integer or None (decode every image whole).")
+        if decode_device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("decode_device='cuda' needs a CUDA GPU, and torch sees none. Leave decode_device=None to decode in the "
+                             "workers (Hydra: data.decode_device=null).")
+        self.decoder, self.decode_size, self.decode_device = decoder, decode_size, decode_device
+        self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
         serve_without_folder = on_stale == "ignore" and backend == "lmdb"
         for split, folder in self.dirs.items():
             if folder is not None and not folder.is_dir() and not (serve_without_folder and self.database_path(split).exists()):
@@ -170,8 +226,21 @@ class LMDBDataModule(pl.LightningDataModule):
                        f"{str(self.database_path(split))!r}." if serve_without_folder else "")
                 )
         self.readahead = readahead
-        self.train_transform = train_transform if train_transform is not None else transforms.train_transform(image_size)
-        self.eval_transform = eval_transform if eval_transform is not None else transforms.eval_transform(image_size)
+        self.image_size = image_size
+        if decode_device is not None and not finish_on_device:
+            raise ValueError(f"decode_device={decode_device!r} makes uint8 batches on the device, which finish_on_device=True normalises "
+                             "there; pass finish_on_device=True (Hydra: data.finish_on_device=true).")
+        in_workers = not finish_on_device
+        self.train_transform = (train_transform if train_transform is not None else
+                                transforms.train_transform(image_size, normalize=in_workers, mean=mean, std=std))
+        self.eval_transform = (eval_transform if eval_transform is not None else
+                               transforms.eval_transform(image_size, normalize=in_workers, mean=mean, std=std))
+        if decode_device is not None and not all(isinstance(t, ResizedCrop) for t in (self.train_transform, self.eval_transform)):
+            raise ValueError(
+                f"decode_device={decode_device!r} applies each sample's crop, flip and resize itself, batch by batch on the device, so "
+                "the transforms must be lightning_lmdb.transforms.ResizedCrop (the defaults, train_transform() / eval_transform()). "
+                "Leave train_transform/eval_transform out, or decode in the workers (decode_device=None)."
+            )
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.num_workers = min(8, available_cores()) if num_workers is None else num_workers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -193,7 +262,9 @@ class LMDBDataModule(pl.LightningDataModule):
         folder = self.dirs[split]
         if folder is None:
             raise ValueError(f"No {split}_dir was given.")
-        key = hashlib.sha256(f"{folder}\0{self.build_options.storage}".encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        options = self.build_options
+        text = f"{folder}\0{options.storage}" + (f"\0resize={options.resize}\0quality={options.quality}" if options.resize else "")
+        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         return self.cache_dir / f"{folder.name}-{key}.lmdb"
 
     def database_paths(self) -> list[Path]:
@@ -212,6 +283,7 @@ class LMDBDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
+        _silence_the_both_hooks_warning()
         fit = stage in (None, "fit")
         # predict serves the test folder, or the validation data when there is none
         evaluate = stage in (None, "fit", "validate") or (stage == "predict" and self.dirs["test"] is None)
@@ -228,7 +300,15 @@ class LMDBDataModule(pl.LightningDataModule):
             self.datasets["val"] = self._open("val").view(None, self.eval_transform)
         if stage in (None, "test", "predict") and self.dirs["test"] is not None:
             self.datasets["test"] = self._open("test").view(None, self.eval_transform)
+        for dataset in self.datasets.values():
+            dataset.set_decoding(self.decoder, self._decode_size(dataset.transform), defer_jpeg=self.decode_device is not None)
         close_environments()  # the main process holds no environment once set up
+
+    def _decode_size(self, transform: Any) -> int | None:
+        """The ``decode_size`` of a split: what its transform needs with ``"auto"``, else the setting."""
+        if self.decode_size != "auto":
+            return self.decode_size
+        return getattr(transform, "min_input_side", self.image_size)
 
     def _open(self, split: str) -> _ImageDataset:
         if self.backend == "lmdb":
@@ -313,6 +393,8 @@ class LMDBDataModule(pl.LightningDataModule):
             multiprocessing_context=self.multiprocessing_context if workers else None,
         )
         dataset = self.datasets[split]
+        if self.decode_device is not None:
+            settings["collate_fn"] = Collate(cast(ResizedCrop, dataset.transform))
         if not train:
             return DataLoader(dataset, shuffle=False, **settings)
         sampler = ResumableSampler(dataset, shuffle=self.shuffle, seed=self.split_seed, drop_last=self.drop_last,
@@ -362,6 +444,45 @@ class LMDBDataModule(pl.LightningDataModule):
         if self._train_loader is not None:  # this module's loader of an earlier fit, or the one Lightning created early
             self._train_loader.load_state_dict(state)
         self._pending_train_state = state  # and the next loader created (a reused module's next fit creates a new one)
+
+    # --- batches on the device ----------------------------------------------------------------------
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """With ``decode_device``: decode the batch's deferred JPEGs there in one batched call (they are still host-side bytes).
+
+        A LightningModule's own ``on_before_batch_transfer`` then runs on the result (Lightning calls only one of the two).
+        """
+        if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], DeferredImages):
+            device = self.decode_device or "cpu"
+            if device == "cuda" and self.trainer is not None and self.trainer.strategy.root_device.type == "cuda":
+                device = self.trainer.strategy.root_device
+            batch = type(batch)((batch[0].decode(device), *batch[1:]))
+        return self._chain("on_before_batch_transfer", batch, dataloader_idx)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Finish ``uint8`` image batches on the device (:meth:`finish`), then run the LightningModule's own hook, if any."""
+        return self._chain("on_after_batch_transfer", self.finish(batch) if self.finish_on_device else batch, dataloader_idx)
+
+    def finish(self, batch: Any) -> Any:
+        """``(uint8 images, targets)`` to ``(normalised float32 images, targets)`` where the images are; anything else unchanged.
+
+        What ``on_after_batch_transfer`` does on the training device; call it yourself when you iterate the loaders outside
+        Lightning. Float images (e.g. from transforms of yours that normalise) pass through untouched.
+        """
+        if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].dtype == torch.uint8 \
+                and batch[0].ndim == 4:
+            return type(batch)((transforms.finish_batch(batch[0], self.mean, self.std), *batch[1:]))
+        return batch
+
+    def _chain(self, hook: str, batch: Any, dataloader_idx: int) -> Any:
+        """Run the LightningModule's own ``hook`` on ``batch`` when it overrides it (Lightning would skip it for ours)."""
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if module is not None and is_overridden(hook, module):
+            if not getattr(self, f"_chained_{hook}", False):
+                rank_zero_info(f"LMDBDataModule.{hook} runs first, then {type(module).__name__}.{hook} on its result.")
+                setattr(self, f"_chained_{hook}", True)
+            batch = getattr(module, hook)(batch, dataloader_idx)
+        return batch
 
     def val_dataloader(self) -> DataLoader:
         """Validation batches in order."""

@@ -3,6 +3,9 @@
 Both are drop-ins for ``torchvision.datasets.ImageFolder`` -- ``len``, ``ds[i] -> (image, target)`` with
 a PIL RGB image when no transform is given, ``classes``, ``class_to_idx``, ``targets`` -- and both turn
 bytes into pixels through :mod:`lightning_lmdb.codec`, so they differ only in where the bytes come from.
+``decoder=`` chooses how (:mod:`lightning_lmdb.decoders`): ``"pil"`` (the default: ``ImageFolder``'s
+exact pixels, a PIL image) or a tensor decoder (``"torchcodec"``, ``"opencv"``, ``"auto"``: a ``uint8``
+``3 x H x W`` tensor, no PIL object); ``decode_size=`` allows reduced-size JPEG decoding.
 
 Per-process cost that does not grow with the dataset (measured at ImageNet's 1,281,167 records):
 
@@ -55,9 +58,12 @@ from torch.utils.data import Dataset
 
 from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
-from lightning_lmdb.codec import ImageDecodeError, decode_image, decode_record
+from lightning_lmdb.batchdecode import Deferred, defer
+from lightning_lmdb.codec import ImageDecodeError, decode_record
+from lightning_lmdb.decoders import DECODERS, decode
 from lightning_lmdb.folder import read_file, scan_folder
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
+from lightning_lmdb.transforms import ResizedCrop
 
 #: Close every database environment of this process (they reopen lazily); also runs before every fork.
 close_environments = envs.close_all
@@ -106,6 +112,13 @@ class Split:
         return np.sort(order[:n_val] if self.part == "val" else order[n_val:]).astype(_index_dtype(size))
 
 
+def _check_decoding(decoder: str, decode_size: int | None) -> None:
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
+    if decode_size is not None and (isinstance(decode_size, bool) or not isinstance(decode_size, int) or decode_size < 1):
+        raise ValueError(f"decode_size={decode_size!r} must be a positive integer (the shorter side the transform needs), or None.")
+
+
 def _index_dtype(size: int) -> type:
     return np.int32 if size < 2**31 else np.int64
 
@@ -116,9 +129,18 @@ class _ImageDataset(Dataset):
     A view is a chain of steps applied to all records: a :class:`Split`, or an explicit index array.
     The rows it selects are computed once per process (:meth:`_view_rows`) and never pickled.
     Each dataset object (each view too) has its own :class:`LoaderStats`.
+
+    Attributes:
+        decoder: How records become pixels (see :mod:`lightning_lmdb.decoders`); change with :meth:`set_decoding`.
+        decode_size: The shorter side the transform needs (reduced-size JPEG decoding), or ``None``.
+        defer_jpeg: Hand 8-bit JPEGs to the batched device decode as bytes and a drawn crop
+            (:mod:`lightning_lmdb.batchdecode`; the transform must be a ``ResizedCrop``).
     """
 
     _stats: LoaderStats | None = None  # None: unpickled outside a process start (or an old pickle)
+    decoder: str = "pil"
+    decode_size: int | None = None
+    defer_jpeg: bool = False
 
     def __init__(
         self,
@@ -128,7 +150,11 @@ class _ImageDataset(Dataset):
         transform: Callable[[Any], Any] | None,
         target_transform: Callable[[int], Any] | None,
         indices: Sequence[int] | None,
+        decoder: str = "pil",
+        decode_size: int | None = None,
     ):
+        _check_decoding(decoder, decode_size)
+        self.decoder, self.decode_size = decoder, decode_size
         self.classes, self.class_to_idx = classes, class_to_idx
         self.transform, self.target_transform = transform, target_transform
         self._count = count
@@ -190,6 +216,25 @@ class _ImageDataset(Dataset):
         return (self._with_step(Split(seed, fraction, "train"), transforms[0]),
                 self._with_step(Split(seed, fraction, "val"), transforms[1]))
 
+    def set_decoding(self, decoder: str | None = None, decode_size: int | None = None, *, defer_jpeg: bool = False) -> _ImageDataset:
+        """Choose how this dataset (view) decodes: ``decoder`` (unchanged when ``None``), ``decode_size``, ``defer_jpeg``.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ValueError: An unknown decoder or a bad size; ``defer_jpeg`` without a ``ResizedCrop`` transform.
+        """
+        decoder = self.decoder if decoder is None else decoder
+        _check_decoding(decoder, decode_size)
+        if defer_jpeg and not isinstance(self.transform, ResizedCrop):
+            raise ValueError(
+                f"defer_jpeg=True needs a lightning_lmdb.transforms.ResizedCrop transform (the batched decode applies its crops), "
+                f"not {type(self.transform).__name__}."
+            )
+        self.decoder, self.decode_size, self.defer_jpeg = decoder, decode_size, defer_jpeg
+        return self
+
     def __len__(self) -> int:
         rows = self._view_rows()
         return self._count if rows is None else len(rows)
@@ -236,7 +281,7 @@ class _ImageDataset(Dataset):
         image = self._load(row, marks)
         if marks is not None:
             marks.append(time.perf_counter())
-        if self.transform is not None:
+        if self.transform is not None and not isinstance(image, Deferred):
             image = self.transform(image)
         if self.target_transform is not None:
             target = self.target_transform(target)
@@ -251,9 +296,13 @@ class _ImageDataset(Dataset):
     def _path_table(self) -> fmt.PathTable:
         raise NotImplementedError
 
-    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image:
+    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
         """The RGB image of record ``row``; appends ``time.perf_counter()`` to ``marks`` once its bytes are in memory."""
         raise NotImplementedError
+
+    def _deferred(self, data: bytes | memoryview) -> Deferred | None:
+        """The sample left to the batched device decode, when this view defers JPEGs and the record is one it takes."""
+        return defer(data, self.transform) if self.defer_jpeg and isinstance(self.transform, ResizedCrop) else None
 
 
 class LMDBImageDataset(_ImageDataset):
@@ -261,8 +310,11 @@ class LMDBImageDataset(_ImageDataset):
 
     Args:
         path: The database file.
-        transform: Applied to the PIL RGB image.
+        transform: Applied to the decoded image (a PIL RGB image with ``decoder="pil"``, else a ``uint8`` tensor).
         target_transform: Applied to the target.
+        decoder: ``"pil"`` (``ImageFolder``'s exact pixels), ``"torchcodec"``, ``"opencv"`` or ``"auto"`` (see
+            :mod:`lightning_lmdb.decoders`).
+        decode_size: The shorter side ``transform`` needs: JPEGs much larger are decoded at 1/2, 1/4 or 1/8 scale.
         readahead: OS readahead on page faults; ``None`` chooses (on when the file fits in available memory).
         indices: Serve only these records, in this order (e.g. a validation split).
 
@@ -277,9 +329,12 @@ class LMDBImageDataset(_ImageDataset):
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         *,
+        decoder: str = "pil",
+        decode_size: int | None = None,
         readahead: bool | None = None,
         indices: Sequence[int] | None = None,
     ):
+        _check_decoding(decoder, decode_size)
         self.path = str(Path(path).absolute())
         self.readahead = auto_readahead(self.path) if readahead is None else readahead
         with envs.reading(self.path) as opened:  # left open only if it was open before
@@ -290,7 +345,7 @@ class LMDBImageDataset(_ImageDataset):
         self.format_version: int = meta.version
         self._targets: np.ndarray | None = meta.targets
         self._paths: fmt.PathTable | None = meta.paths  # version 1 carries them; version 2 reads them on demand
-        super().__init__(meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices)
+        super().__init__(meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder, decode_size)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -321,7 +376,7 @@ class LMDBImageDataset(_ImageDataset):
             opened = envs.shared(self.path, readahead=self.readahead, fresh=False)
         return opened
 
-    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image:
+    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
         opened = self._opened()
         with opened.env.begin(buffers=True) as txn:
             # The build id is read in the same transaction as the record (~1 us): a file copied in place over
@@ -334,8 +389,11 @@ class LMDBImageDataset(_ImageDataset):
                 if marks is not None:  # the lookup returns the memory map: its page faults are the read
                     touch_pages(value)
                     marks.append(time.perf_counter())
+                deferred = self._deferred(value) if self.storage == "encoded" else None
+                if deferred is not None:
+                    return deferred
                 try:
-                    return decode_record(value, self.storage)
+                    return decode_record(value, self.storage, decoder=self.decoder, decode_size=self.decode_size)
                 except ImageDecodeError as exc:
                     error = exc
             else:
@@ -365,8 +423,10 @@ class RawImageDataset(_ImageDataset):
 
     Args:
         root: The image folder (ImageFolder layout, or a flat folder of images).
-        transform: Applied to the PIL RGB image.
+        transform: Applied to the decoded image (a PIL RGB image with ``decoder="pil"``, else a ``uint8`` tensor).
         target_transform: Applied to the target.
+        decoder: As :class:`LMDBImageDataset`.
+        decode_size: As :class:`LMDBImageDataset`.
         indices: Serve only these samples, in this order.
         exclude: Relative paths to leave out (e.g. the bad files :func:`lightning_lmdb.writer.find_bad_files` found).
     """
@@ -377,15 +437,18 @@ class RawImageDataset(_ImageDataset):
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         *,
+        decoder: str = "pil",
+        decode_size: int | None = None,
         indices: Sequence[int] | None = None,
         exclude: Collection[str] = (),
     ):
+        _check_decoding(decoder, decode_size)
         scan = scan_folder(root)
         self.root = str(scan.root)
         kept = [f for f in scan.files if f.relpath not in exclude] if exclude else scan.files
         self._targets = np.array([f.target for f in kept], dtype=np.int32)
         self._paths = fmt.PathTable.from_strings(f.relpath for f in kept)
-        super().__init__(scan.classes, scan.class_to_idx, len(kept), transform, target_transform, indices)
+        super().__init__(scan.classes, scan.class_to_idx, len(kept), transform, target_transform, indices, decoder, decode_size)
 
     @classmethod
     def from_database(
@@ -395,6 +458,8 @@ class RawImageDataset(_ImageDataset):
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         *,
+        decoder: str = "pil",
+        decode_size: int | None = None,
         indices: Sequence[int] | None = None,
     ) -> RawImageDataset:
         """The samples a database built from ``root`` holds -- same classes, order and skipped files -- read from the files.
@@ -405,7 +470,8 @@ class RawImageDataset(_ImageDataset):
         Raises:
             FileNotFoundError, DatabaseError: As :class:`LMDBImageDataset`.
         """
-        return cls.from_metadata(root, envs.load_meta(database, arrays=True), transform, target_transform, indices=indices)
+        meta = envs.load_meta(database, arrays=True)
+        return cls.from_metadata(root, meta, transform, target_transform, decoder=decoder, decode_size=decode_size, indices=indices)
 
     @classmethod
     def from_metadata(
@@ -415,6 +481,8 @@ class RawImageDataset(_ImageDataset):
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         *,
+        decoder: str = "pil",
+        decode_size: int | None = None,
         indices: Sequence[int] | None = None,
     ) -> RawImageDataset:
         """As :meth:`from_database`, from metadata already read with ``arrays=True``."""
@@ -423,7 +491,8 @@ class RawImageDataset(_ImageDataset):
         dataset = cls.__new__(cls)
         dataset.root = str(Path(root).expanduser().resolve())
         dataset._targets, dataset._paths = meta.targets, meta.paths
-        _ImageDataset.__init__(dataset, meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices)
+        _ImageDataset.__init__(dataset, meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder,
+                               decode_size)
         return dataset
 
     def files(self) -> list[str]:
@@ -436,9 +505,9 @@ class RawImageDataset(_ImageDataset):
     def _path_table(self) -> fmt.PathTable:
         return self._paths
 
-    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image:
+    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
         path = os.path.join(self.root, self._paths[row])
         data = read_file(path)
         if marks is not None:
             marks.append(time.perf_counter())
-        return decode_image(data, max_pixels=None, name=path)
+        return self._deferred(data) or decode(data, self.decoder, decode_size=self.decode_size, name=path)

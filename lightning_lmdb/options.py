@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, STORAGES
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, STORAGES
 
 Storage = Literal["encoded", "decoded"]
 OnError = Literal["raise", "skip"]
@@ -23,8 +23,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "on_error": ("raise", "skip"),
     "on_stale": ("rebuild", "error", "ignore"),
 }
-#: The options that shape a database's contents: stored in its metadata and compared by the stale check.
-CONTENT_OPTIONS = ("storage", "max_pixels")
+#: The options that shape a database's contents: stored in its metadata and compared by the stale check
+#: (``quality`` only with ``resize``: it changes nothing otherwise).
+CONTENT_OPTIONS = ("storage", "max_pixels", "resize", "quality")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class BuildOptions:
             ``"ignore"`` (use the existing database without scanning the source).
         overwrite: Rebuild even if the existing database is up to date.
         max_pixels: Refuse images with more pixels (decompression bombs); ``None`` for no limit.
+        resize: Pre-resized storage: shrink every image whose shorter side is larger than this to exactly this
+            (aspect kept, never upscaled, OpenCV ``INTER_AREA``), stored re-encoded (JPEG at ``quality`` for lossy
+            sources, PNG for lossless ones; ``storage="encoded"``) or as pixels (``"decoded"``). ``None``: keep
+            the original size. It changes the pixels a model sees (see :mod:`lightning_lmdb.codec`).
+        quality: JPEG quality (1-100) of the images ``resize`` re-encodes.
         commit_every: Records per write transaction (the most work a crash can lose).
         progress: Show a progress bar.
 
@@ -54,6 +60,8 @@ class BuildOptions:
     on_stale: OnStale = "rebuild"
     overwrite: bool = False
     max_pixels: int | None = DEFAULT_MAX_PIXELS
+    resize: int | None = None
+    quality: int = DEFAULT_QUALITY
     commit_every: int = 1000
     progress: bool = True
 
@@ -67,12 +75,21 @@ class BuildOptions:
         bad_pixels = isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1
         if self.max_pixels is not None and bad_pixels:
             raise ValueError(f"max_pixels={self.max_pixels!r} must be a positive integer, or None for no limit.")
+        if self.resize is not None and (isinstance(self.resize, bool) or not isinstance(self.resize, int) or self.resize < 1):
+            raise ValueError(f"resize={self.resize!r} must be a positive integer (the shorter side to shrink to), or None.")
+        if isinstance(self.quality, bool) or not isinstance(self.quality, int) or not 1 <= self.quality <= 100:
+            raise ValueError(f"quality={self.quality!r} must be an integer from 1 to 100 (JPEG quality of resized images).")
         if isinstance(self.commit_every, bool) or not isinstance(self.commit_every, int) or self.commit_every < 1:
             raise ValueError(f"commit_every={self.commit_every!r} must be an integer >= 1.")
 
     def content(self) -> dict[str, Any]:
-        """The options that shape the contents (:data:`CONTENT_OPTIONS`), as stored in the metadata."""
-        return {name: getattr(self, name) for name in CONTENT_OPTIONS}
+        """The options that shape the contents (:data:`CONTENT_OPTIONS`), as stored in the metadata.
+
+        ``resize`` and ``quality`` are left out when ``resize`` is ``None``, so a database built before they
+        existed (whose options lack them) is still up to date.
+        """
+        skip = ("resize", "quality") if self.resize is None else ()
+        return {name: getattr(self, name) for name in CONTENT_OPTIONS if name not in skip}
 
     def replace(self, **changes: Any) -> BuildOptions:
         """A copy with some options changed (validated again)."""

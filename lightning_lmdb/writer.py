@@ -34,7 +34,7 @@ from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
 from lightning_lmdb.folder import NotRegularFileError, PrefixFingerprint, SourceScan, read_file, scan_folder
-from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.options import CONTENT_OPTIONS, BuildOptions
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,9 @@ def _is_current(meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -
 
 
 def _same_options(meta: fmt.Metadata, options: dict[str, Any]) -> bool:
-    return {key: meta.options.get(key) for key in options} == options
+    """The content options (:data:`CONTENT_OPTIONS`) a database was built with equal ``options`` (absent = not set)."""
+    keys = set(options) | (set(meta.options) & set(CONTENT_OPTIONS))
+    return all(meta.options.get(key) == options.get(key) for key in keys)
 
 
 def _stale_reason(target: Path, meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -> str:
@@ -217,13 +219,17 @@ def _build_lock(target: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _read_one(task: tuple[int, str, str, int | None]) -> tuple[int, bytes | None, str]:
+#: One file to read: (index, path, storage or "check", max_pixels, resize, quality).
+_Task = tuple[int, str, str, int | None, int | None, int]
+
+
+def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
     """Read, fully decode and checksum one file (runs in a pool worker).
 
     Returns:
         ``(index, value, checksum)``, or ``(index, None, reason)`` for a bad file.
     """
-    index, path, storage, max_pixels = task
+    index, path, storage, max_pixels, resize, quality = task
     try:
         data = read_file(path)
     except NotRegularFileError as exc:
@@ -231,11 +237,12 @@ def _read_one(task: tuple[int, str, str, int | None]) -> tuple[int, bytes | None
     except OSError as exc:
         return index, None, f"cannot read the file ({exc.strerror or exc}). Check its permissions."
     try:
-        value = encode_record(data, "encoded" if storage == "check" else storage, max_pixels=max_pixels, name=path)
+        if storage == "check":  # validation only (find_bad_files)
+            encode_record(data, "encoded", max_pixels=max_pixels, name=path)
+            return index, b"", b""
+        value = encode_record(data, storage, max_pixels=max_pixels, name=path, resize=resize, quality=quality)
     except ImageDecodeError as exc:
         return index, None, exc.reason
-    if storage == "check":  # validation only (find_bad_files): ship nothing back
-        return index, b"", b""
     return index, value, fmt.checksum(value)
 
 
@@ -340,7 +347,9 @@ class _Writer:
 
     def _fill(self, env: lmdb.Environment, dbs: tuple[Any, Any], consumed: int, skipped: list[dict[str, str]]) -> None:
         files = self.scan.files
-        tasks = [(i, files[i].path, self.options["storage"], self.options["max_pixels"]) for i in range(consumed, len(files))]
+        opts = self.options
+        tasks: list[_Task] = [(i, files[i].path, opts["storage"], opts["max_pixels"], opts.get("resize"), opts.get("quality", 0))
+                              for i in range(consumed, len(files))]
         with env.begin() as txn:
             next_record = txn.stat(dbs[0])["entries"]
         batch: list[tuple[bytes, bytes, str]] = []
@@ -418,7 +427,7 @@ class _Writer:
 
     def _estimated_bytes(self) -> int:
         """The database's expected final size: the source size for encoded storage, extrapolated from what was written otherwise."""
-        if self.options["storage"] == "encoded" or not self.written:
+        if (self.options["storage"] == "encoded" and self.options.get("resize") is None) or not self.written:
             return int(self.scan.total_bytes * 1.12)
         return int(self.written_bytes / self.written * len(self.scan.files) * 1.02)
 
@@ -503,14 +512,14 @@ def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIX
         workers: Reader processes (``None``: one per core; ``0``: in this process).
     """
     bad = [fmt.Skipped(path, reason) for path, reason in scan.special]
-    tasks = [(i, f.path, "check", max_pixels) for i, f in enumerate(scan.files)]
+    tasks: list[_Task] = [(i, f.path, "check", max_pixels, None, 0) for i, f in enumerate(scan.files)]
     with _read_files(tasks, available_cores() if workers is None else workers) as results:
         bad += [fmt.Skipped(scan.files[i].relpath, reason) for i, value, reason in results if value is None]
     return bad
 
 
 @contextlib.contextmanager
-def _read_files(tasks: list[tuple[int, str, str, int | None]], workers: int) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
+def _read_files(tasks: list[_Task], workers: int) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
     """:func:`_read_one` of every task, in order: in this process (``workers=0``) or in a pool of ``workers`` processes."""
     if workers == 0 or len(tasks) < 2:
         yield map(_read_one, tasks)

@@ -78,6 +78,59 @@ def make_jpegs(root: Path, count: int, size: int = 32, seed: int = 0, classes: i
     return root
 
 
+def encode(img: Image.Image, fmt: str, **options) -> bytes:
+    """``img`` saved as ``fmt`` (``"PNG"``, ``"JPEG"``, ``"WEBP"``, ...) into bytes."""
+    buffer = io.BytesIO()
+    img.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def photo(rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    """A photo-like RGB image: smooth noise at several scales plus fine grain (JPEG sizes and spectra like a photo's)."""
+    acc = np.zeros((height, width, 3), np.float32)
+    for cells, amplitude in ((4, 60), (16, 28), (64, 14)):
+        small = rng.normal(0, 1, (cells, cells, 3)).astype(np.float32)
+        acc += amplitude * np.asarray(Image.fromarray(small[..., 0]).resize((width, height), Image.BICUBIC))[..., None]
+        acc += amplitude * 0.4 * np.asarray(Image.fromarray(small[..., 1]).resize((width, height), Image.BICUBIC))[..., None]
+    acc += rng.normal(0, 8, (height, width, 3)).astype(np.float32) + rng.uniform(60, 190, 3).astype(np.float32)
+    return Image.fromarray(np.clip(acc, 0, 255).astype(np.uint8))
+
+
+def image_cases(seed: int = 0) -> dict[str, bytes]:
+    """Encoded images of every format and mode the decoders distinguish, by name (``"png RGBA"``, ``"jpeg CMYK"``, ...)."""
+    rng = np.random.default_rng(seed)
+    size = (53, 37)
+    rgb = make_image("RGB", size, rng)
+    rgba = make_image("RGBA", size, rng)
+    palette = rgb.quantize(16)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    return {
+        "png RGB": encode(rgb, "PNG"),
+        "png RGBA": encode(rgba, "PNG"),
+        "png L": encode(rgb.convert("L"), "PNG"),
+        "png LA": encode(rgba.convert("LA"), "PNG"),
+        "png P": encode(palette, "PNG"),
+        "png P transparency": encode(palette, "PNG", transparency=0),
+        "png P 2-bit": encode(rgb.quantize(4), "PNG", bits=2),
+        "png 1-bit": encode(rgb.convert("1"), "PNG"),
+        "png I;16": encode(make_image("I;16", size, rng), "PNG"),
+        "webp lossy": encode(rgb, "WEBP", quality=80),
+        "webp lossless": encode(rgb, "WEBP", lossless=True),
+        "webp lossy alpha": encode(rgba, "WEBP", quality=80),
+        "webp lossless alpha": encode(rgba, "WEBP", lossless=True),
+        "jpeg RGB": encode(rgb, "JPEG", quality=90),
+        "jpeg RGB 4:4:4": encode(rgb, "JPEG", quality=90, subsampling=0),
+        "jpeg progressive": encode(rgb, "JPEG", quality=90, progressive=True),
+        "jpeg L": encode(rgb.convert("L"), "JPEG", quality=90),
+        "jpeg CMYK": encode(rgb.convert("CMYK"), "JPEG", quality=90),
+        "jpeg EXIF orientation 6": encode(rgb, "JPEG", quality=90, exif=exif.tobytes()),
+        "gif": encode(rgb.quantize(32), "GIF"),
+        "bmp": encode(rgb, "BMP"),
+        "tiff": encode(rgb, "TIFF"),
+    }
+
+
 def bomb_png() -> bytes:
     """A ~12 KB PNG that decodes to 100 megapixels (over Pillow's and our default limit)."""
     buffer = io.BytesIO()

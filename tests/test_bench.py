@@ -61,3 +61,24 @@ def test_cli_bench(jpeg_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     assert "10 of 30 records" in printed
     assert main(["bench", str(tmp_path / "missing"), str(target)]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_peers_benchmark_runs_every_kind_of_row(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(script), "--photos", "0", "--pngs", "24", "--rounds", "1", "--dir", str(tmp_path),
+                           "--out", str(out), "--only", "LitData", "WebDataset", "auto, decode_size", "decoded"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = (out / "peers.md").read_text()
+    for row in ("ImageFolder (PIL)", "LitData (torchvision.io)", "WebDataset (PIL)", "lmdb auto, decode_size (default)",
+                "lmdb decoded storage", "raw files, auto, decode_size"):
+        line = next(line for line in table.splitlines() if line.startswith(f"| {row}") or line.startswith(f"| **{row}"))
+        cold, warm = (float(cell.strip().rstrip("x")) for cell in line.split("|")[5:8:2])
+        assert cold > 0 and warm > 0, line
+    assert "| ImageFolder (PIL) |" in table and "| auto, decode_size 73 |" in table, "the ceilings of the measured decoders"
+    assert "reduced-size decoding" in table and (out / "peers.png").stat().st_size > 10_000

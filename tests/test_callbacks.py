@@ -189,3 +189,31 @@ def test_gpu_metrics_are_numbers(tmp_path):
     assert 0.0 <= rec["gpu_util_pct"] <= 100.0 and rec["gpu_mem_peak_mb"] > 0.0
     summary = json.loads((tmp_path / "perf_summary.json").read_text(encoding="utf-8"))
     assert summary["gpu_available"] is True and summary["gpu_util_available"] is True
+
+
+class SlowTransferModule(TinyModule):
+    """The data arrives instantly, but each batch spends TRANSFER_SLEEP_S in its way to the device (the batch hooks)."""
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        time.sleep(TRANSFER_SLEEP_S / 2)
+        return batch
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        time.sleep(TRANSFER_SLEEP_S / 2)
+        return batch
+
+    def train_dataloader(self):
+        return DataLoader(SleepyDataset(TRAIN_ITEMS, 0.0), batch_size=BATCH)
+
+
+TRANSFER_SLEEP_S = 0.03
+
+
+def test_data_wait_includes_the_batch_transfer_hooks(tmp_path):
+    # work moved into on_before/after_batch_transfer (a batched GPU decode, the uint8 finish) must not look like less waiting
+    monitor = PerfMonitor(None, verbose=False)
+    _trainer(tmp_path, monitor, limit_val_batches=0).fit(SlowTransferModule())
+    for rec in monitor.history:
+        batches = TRAIN_ITEMS // BATCH
+        assert rec["batch_transfer_s"] >= batches * TRANSFER_SLEEP_S
+        assert rec["data_wait_s"] >= rec["batch_transfer_s"] and rec["data_wait_frac"] > 0.5

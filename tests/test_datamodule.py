@@ -130,7 +130,8 @@ def test_every_data_config_composes_and_instantiates(tmp_path: Path, data: str, 
     dm.prepare_data()
     dm.setup("fit")
     images, targets = next(iter(dm.train_dataloader()))
-    assert images.shape[1:] == (3, cfg.data.image_size, cfg.data.image_size) and images.dtype == torch.float32
+    assert images.shape[1:] == (3, cfg.data.image_size, cfg.data.image_size) and images.dtype == torch.uint8
+    assert dm.finish((images, targets))[0].dtype == torch.float32
 
 
 def test_lmdb_and_raw_configs_differ_only_in_backend() -> None:
@@ -268,6 +269,8 @@ def test_classes_and_class_to_idx(tmp_path: Path) -> None:
 
 
 def _plain(value: object) -> bool:
+    if type(value) in (tuple, list):
+        return all(_plain(item) for item in value)
     return value is None or type(value) in (str, int, float, bool)
 
 

@@ -103,11 +103,14 @@ def test_cold_cache_turns_persistent_workers_off(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.gpu
-def test_gpu_run_reports_utilisation(tmp_path: Path, train_module) -> None:
+@pytest.mark.parametrize("decode_device", ["null", "cuda"])
+def test_gpu_run_reports_utilisation(tmp_path: Path, train_module, decode_device: str) -> None:
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=["trainer=gpu", "trainer.max_epochs=1", f"paths.data_dir={tmp_path}", *TINY])
+        cfg = compose("train", overrides=["trainer=gpu", "trainer.max_epochs=1", f"paths.data_dir={tmp_path}",
+                                          f"data.decode_device={decode_device}", *TINY])
     summary = train_module.run(cfg, tmp_path / "out")
     assert summary["gpu_available"] and summary["epochs"][0]["gpu_util_pct"] is not None
+    assert summary["epochs"][0]["batch_transfer_s"] > 0
 
 
 def test_checkpoint_every_n_steps_then_resume_completes_the_epoch(tmp_path: Path, train_module) -> None:

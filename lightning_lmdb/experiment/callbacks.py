@@ -13,11 +13,15 @@ training epoch, on each rank for its own device, it measures:
   ``trainer.profiler.start/stop("[_TrainingEpochLoop].train_dataloader_next")``; the callback
   wraps the trainer's profiler instance to time those events and forwards every call, so a user
   profiler keeps working. This covers loading and decoding with ``num_workers=0``, waiting for
-  worker results otherwise, collate and pin-memory; it excludes the host-to-device copy and the
-  creation of the iterator (worker start-up) at the start of epochs after the first. If no such
-  event is seen (a Lightning version without it), the fallback is the sum of gaps from the
-  previous ``on_train_batch_end`` (or the epoch start) to ``on_train_batch_start``, which also
-  includes the device copy; the summary's ``data_wait_method`` ("fetch" or "hook_gap") says which.
+  worker results otherwise, collate and pin-memory -- **plus** the batch's way to the device that
+  follows it (``perf/batch_transfer_s``: from the end of the fetch to ``on_train_batch_start``, i.e.
+  ``on_before_batch_transfer``, the host-to-device copy and ``on_after_batch_transfer``), so work a
+  DataModule moves into those hooks (a batched GPU decode, the uint8-to-float finish) still counts as
+  waiting for data. It excludes the creation of the iterator (worker start-up) at the start of
+  epochs after the first. If no fetch event is seen (a Lightning version without it), the fallback
+  is the sum of gaps from the previous ``on_train_batch_end`` (or the epoch start) to
+  ``on_train_batch_start``, which covers the same; the summary's ``data_wait_method`` ("fetch" or
+  "hook_gap") says which.
 - ``perf/data_wait_frac``: ``data_wait_s / epoch_time_s``.
 - ``perf/gpu_util_pct`` / ``perf/gpu_util_median_pct``: mean / median of NVML utilisation
   sampled by a daemon thread every ``gpu_sample_interval_s`` during training (paused during
@@ -85,7 +89,7 @@ _COLUMNS = (  # (record key, header, format)
     ("gpu_util_median_pct", "GPU med %", "{:.1f}"),
     ("gpu_mem_peak_mb", "mem MiB", "{:.0f}"),
 )
-_LOGGED = ("epoch_time_s", "samples_per_s", "data_wait_s", "data_wait_frac", "val_time_s",
+_LOGGED = ("epoch_time_s", "samples_per_s", "data_wait_s", "data_wait_frac", "batch_transfer_s", "val_time_s",
            "loader_read_ms", "loader_decode_ms", "loader_transform_ms", "worker_cpu_s", "worker_cpu_frac",
            "main_cpu_s", "main_cpu_frac", "cpu_busy_frac",
            "gpu_util_pct", "gpu_util_median_pct", "gpu_mem_peak_mb")
@@ -319,7 +323,8 @@ class PerfMonitor(pl.Callback):
     def _reset_epoch(self) -> None:
         self._epoch_t0 = self._last_t = time.perf_counter()
         self._val_t0 = 0.0
-        self._val_s = self._fetch_s = self._gap_s = 0.0
+        self._val_s = self._fetch_s = self._gap_s = self._transfer_s = 0.0
+        self._fetch_end: float | None = None  # when the last fetch ended (its batch is on its way to the device)
         self._fetches = self._batches = self._samples = 0
         self._busy_ticks = self._total_ticks = 0
         self._main_cpu_s = 0.0
@@ -362,7 +367,11 @@ class PerfMonitor(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
-        self._gap_s += time.perf_counter() - self._last_t
+        now = time.perf_counter()
+        self._gap_s += now - self._last_t
+        if self._fetch_end is not None:  # the batch transfer hooks and the copy ran since the fetch
+            self._transfer_s += now - self._fetch_end
+            self._fetch_end = None
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -402,12 +411,13 @@ class PerfMonitor(pl.Callback):
         self._in_epoch = False
         method = "fetch" if self._fetches else "hook_gap"
         self._info["data_wait_method"] = method
-        wait = self._fetch_s if self._fetches else self._gap_s
+        wait = self._fetch_s + self._transfer_s if self._fetches else self._gap_s
         record: dict[str, Any] = {
             "epoch": trainer.current_epoch, "epoch_time_s": elapsed, "batches": self._batches,
             "samples": self._samples,
             "samples_per_s": self._samples / elapsed if elapsed > 0 else 0.0,
             "data_wait_s": wait, "data_wait_frac": wait / elapsed if elapsed > 0 else 0.0,
+            "batch_transfer_s": self._transfer_s if self._fetches else None,
             "val_time_s": self._val_s,
             **self._cpu_record(elapsed),
             "gpu_util_pct": None, "gpu_util_median_pct": None, "gpu_mem_peak_mb": None}
@@ -471,7 +481,8 @@ class PerfMonitor(pl.Callback):
             inner_stop(action_name)
             t0 = starts.pop(action_name, None)
             if t0 is not None and self._in_epoch:
-                self._fetch_s += time.perf_counter() - t0
+                self._fetch_end = time.perf_counter()
+                self._fetch_s += self._fetch_end - t0
                 self._fetches += 1
 
         profiler.start, profiler.stop = start, stop  # instance attributes shadow the methods

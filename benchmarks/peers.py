@@ -1,0 +1,578 @@
+"""Peers benchmark: ImageFolder, LitData, WebDataset and each lightning_lmdb mode, same folder, same output tensors.
+
+Usage:
+    pip install -e ".[bench]"
+    python benchmarks/peers.py                       # 10,000 ImageNet-like JPEGs and 5,000 mixed-mode PNGs
+    python benchmarks/peers.py --photos 2000 --pngs 1000 --rounds 1  # a quick look
+
+No photo corpus can be downloaded here, so both folders are generated (``benchmarks/common.py``): 256-500 px
+photo-like JPEGs of 30-110 KB, and 48-256 px icon-like PNGs in RGBA, RGB, grey, grey + alpha, palette
+and palette-with-transparency modes. Every loader produces the same tensors: RGB, the shorter side
+resized to 73 and the centre 64 x 64 kept (ImageNet's evaluation geometry at 64 px), ``float32`` in the
+training process; 2 DataLoader workers, batches of 256 (ImageNet's; ``--batch-size``), shuffled, one
+intra-op thread in the training process (otherwise its idle OpenMP threads spin on the cores the
+workers need).
+
+* ``ImageFolder``: torchvision's, with PIL ``Resize`` + ``CenterCrop`` + ``ToTensor`` (float in the workers).
+* ``LitData``: ``optimize`` (each file's bytes, ``litdata.Image``) + ``StreamingDataset`` /
+  ``StreamingDataLoader``; its decoder (``torchvision.io``) gives a tensor; v2 resize and crop.
+* ``WebDataset``: 100 MB tar shards, a 1,000-sample shuffle buffer, PIL decode (``pilrgb``), the PIL transforms.
+* ``lightning_lmdb``: ``LMDBImageDataset`` with each decoder, without and with ``decode_size`` (73: what the
+  DataModule's ``decode_size="auto"`` gives its evaluation transform), ``storage="decoded"``, a ``resize=80``
+  build, and ``RawImageDataset`` (the same decoder on the files). Workers send ``uint8``; the training
+  process finishes (float, normalise), as ``LMDBDataModule.on_after_batch_transfer`` does on a GPU.
+
+Each loader runs in a fresh process: a **cold** pass (its files evicted from the page cache first, the
+eviction checked with ``mincore``; it includes starting the workers, whose decoders are imported and
+initialised before any sample), then a **warm** pass with the same (persistent) workers; each pass is
+timed whole, from ``iter(loader)`` to the last batch. ``--rounds`` repeats every loader and every
+ceiling in rotated order and reports the medians (this machine is shared and noisy: single runs vary
+by 10-20 %). ``memory`` is the private anonymous memory (``Pss_Anon``) of the training process
+and its workers at the end of the warm pass -- not RSS, which counts the shared, reclaimable page cache
+of a memory-mapped database. The **decode-only ceiling** of a decoder is 2 processes decoding and
+transforming record bytes already in memory: what the loader would reach with no loader at all.
+
+It writes ``peers.md`` (the tables) and ``peers.png`` (the chart) into ``--out``, and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np  # noqa: E402
+from common import folder_bytes, make_photo_folder, make_png_folder  # noqa: E402
+
+HERE = Path(__file__).resolve()
+SIZE, SIDE = 64, 73  # output side; the shorter side before the centre crop (round(64 * 256 / 224))
+#: (label, kind, options) of every loader, in table order.
+LOADERS: list[tuple[str, str, dict[str, Any]]] = [
+    ("ImageFolder (PIL)", "imagefolder", {}),
+    ("LitData (torchvision.io)", "litdata", {}),
+    ("WebDataset (PIL)", "wds", {}),
+    ("lmdb pil", "lmdb", {"decoder": "pil"}),
+    ("lmdb pil, decode_size", "lmdb", {"decoder": "pil", "decode_size": SIDE}),
+    ("lmdb torchcodec", "lmdb", {"decoder": "torchcodec"}),
+    ("lmdb opencv", "lmdb", {"decoder": "opencv"}),
+    ("lmdb opencv, decode_size", "lmdb", {"decoder": "opencv", "decode_size": SIDE}),
+    ("lmdb auto", "lmdb", {"decoder": "auto"}),
+    ("**lmdb auto, decode_size (default)**", "lmdb", {"decoder": "auto", "decode_size": SIDE}),
+    ("lmdb decoded storage", "lmdb", {"decoder": "auto", "storage": "decoded"}),
+    ("lmdb resize=80 storage", "lmdb", {"decoder": "auto", "decode_size": SIDE, "resize": 80}),
+    ("lmdb resize=80 decoded storage", "lmdb", {"decoder": "auto", "resize": 80, "storage": "decoded"}),
+    ("raw files, auto, decode_size", "raw", {"decoder": "auto", "decode_size": SIDE}),
+]
+CEILINGS = [("pil", None), ("pil", SIDE), ("torchcodec", None), ("opencv", None), ("opencv", SIDE), ("auto", None), ("auto", SIDE)]
+
+
+# --- the stores ---------------------------------------------------------------------------------------
+
+
+def _peer_available(name: str) -> bool:
+    try:
+        __import__(name)
+        return True
+    except ImportError:
+        return False
+
+
+def build_stores(source: Path, root: Path, workers: int, rebuild: bool, peers: bool) -> dict[str, dict[str, Any]]:
+    """Build (or reuse) every store of ``source`` under ``root``; return ``{store: {"path", "files", "seconds", "bytes"}}``."""
+    from lightning_lmdb.folder import scan_folder
+    from lightning_lmdb.writer import build
+
+    root.mkdir(parents=True, exist_ok=True)
+    record = root / "builds.json"
+    builds = json.loads(record.read_text()) if record.exists() and not rebuild else {}
+    scan = scan_folder(source)
+    apparent, _ = folder_bytes(source)
+    stores: dict[str, dict[str, Any]] = {"files": {"path": str(source), "files": [f.path for f in scan.files], "seconds": None,
+                                                   "bytes": apparent}}
+    lmdb_builds = {"lmdb": {}, "lmdb-decoded": {"storage": "decoded"}, "lmdb-resize80": {"resize": 80},
+                   "lmdb-decoded-resize80": {"storage": "decoded", "resize": 80}}
+    for name, options in lmdb_builds.items():
+        path = root / f"{name}.lmdb"
+        report = build(source, path, workers=workers, progress=False, overwrite=rebuild, **options)
+        if report.action != "up-to-date" or name not in builds:
+            builds[name] = report.seconds
+        stores[name] = {"path": str(path), "files": [str(path)], "seconds": builds[name], "bytes": path.stat().st_size}
+    targets = [f.target for f in scan.files]
+    if peers and _peer_available("litdata"):
+        out = root / "litdata"
+        if "litdata" not in builds or not (out / "index.json").exists():
+            builds["litdata"] = _build_litdata([f.path for f in scan.files], targets, out, workers)
+        chunks = sorted(str(p) for p in out.glob("*.bin"))
+        size = sum(os.path.getsize(c) for c in chunks)
+        stores["litdata"] = {"path": str(out), "files": chunks, "seconds": builds["litdata"], "bytes": size}
+    if peers and _peer_available("webdataset"):
+        out = root / "wds"
+        if "wds" not in builds or not list(out.glob("*.tar")):
+            builds["wds"] = _build_wds([f.path for f in scan.files], targets, out)
+        tars = sorted(str(p) for p in out.glob("*.tar"))
+        stores["wds"] = {"path": str(out), "files": tars, "seconds": builds["wds"], "bytes": sum(os.path.getsize(t) for t in tars)}
+    record.write_text(json.dumps(builds))
+    return stores
+
+
+def _litdata_item(item: tuple[str, int]) -> dict[str, Any]:
+    import litdata
+
+    path, target = item
+    return {"image": litdata.Image(path=path), "target": target}
+
+
+def _build_litdata(paths: list[str], targets: list[int], out: Path, workers: int) -> float:
+    from litdata import optimize
+
+    started = time.perf_counter()
+    optimize(fn=_litdata_item, inputs=list(zip(paths, targets)), output_dir=str(out), chunk_bytes="64MB", num_workers=workers,
+             mode="overwrite", verbose=False)
+    return time.perf_counter() - started
+
+
+def _build_wds(paths: list[str], targets: list[int], out: Path) -> float:
+    import webdataset as wds
+
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.tar"):
+        old.unlink()
+    started = time.perf_counter()
+    with wds.ShardWriter(str(out / "shard-%05d.tar"), maxsize=100e6, verbose=0) as sink:
+        for i, (path, target) in enumerate(zip(paths, targets)):
+            with open(path, "rb") as handle:
+                ext = "png" if path.lower().endswith(".png") else "jpg"
+                sink.write({"__key__": f"{i:08d}", ext: handle.read(), "cls": str(target).encode()})
+    return time.perf_counter() - started
+
+
+# --- one loader, in its own process -------------------------------------------------------------------
+
+
+def _pil_transform() -> Any:
+    from torchvision import transforms as T
+
+    return T.Compose([T.Resize(SIDE), T.CenterCrop(SIZE), T.ToTensor()])
+
+
+def _tensor_transform() -> Any:
+    import torch
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.Resize(SIDE, antialias=True), v2.CenterCrop(SIZE), v2.ToDtype(torch.float32, scale=True)])
+
+
+class _LitTransform:
+    def __init__(self) -> None:
+        self.transform = _tensor_transform()
+
+    def __call__(self, item: dict[str, Any]) -> tuple[Any, int]:
+        return self.transform(item["image"]), item["target"]
+
+
+def _warm_up_worker(worker_id: int) -> None:
+    """Import and initialise every decoder a row uses before any sample, so no row's pass pays for imports."""
+    import cv2
+    import torchcodec.decoders
+    import torchvision.io  # noqa: F401  (LitData's decoder)
+    from PIL import Image
+
+    tiny = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(tiny, format="JPEG")
+    cv2.imdecode(np.frombuffer(tiny.getvalue(), np.uint8), cv2.IMREAD_COLOR)
+    torchcodec.decoders.decode_jpeg(tiny.getvalue())
+    Image.open(io.BytesIO(tiny.getvalue())).convert("RGB")
+
+
+def make_loader(kind: str, options: dict[str, Any], store: dict[str, Any], workers: int, batch_size: int) -> Any:
+    """The DataLoader of one row of :data:`LOADERS`."""
+    from torch.utils.data import DataLoader
+
+    settings = {"batch_size": batch_size, "num_workers": workers, "persistent_workers": workers > 0, "worker_init_fn": _warm_up_worker}
+    if kind == "imagefolder":
+        from torchvision.datasets import ImageFolder
+
+        return DataLoader(ImageFolder(store["path"], _pil_transform()), shuffle=True, **settings)
+    if kind == "litdata":
+        from litdata import StreamingDataLoader, StreamingDataset
+
+        return StreamingDataLoader(StreamingDataset(store["path"], shuffle=True, transform=_LitTransform()), **settings)
+    if kind == "wds":
+        import webdataset as wds
+
+        dataset = (wds.WebDataset(store["files"], shardshuffle=len(store["files"]), empty_check=False).shuffle(1000)
+                   .decode("pilrgb").to_tuple("jpg;png", "cls").map_tuple(_pil_transform(), int))
+        return DataLoader(dataset, **settings)
+    from lightning_lmdb import LMDBImageDataset, RawImageDataset
+    from lightning_lmdb.transforms import eval_transform
+
+    decoding = {"decoder": options["decoder"], "decode_size": options.get("decode_size")}
+    if kind == "raw":
+        dataset = RawImageDataset(store["path"], eval_transform(SIZE), **decoding)
+    else:
+        dataset = LMDBImageDataset(store["path"], eval_transform(SIZE), **decoding)
+    return DataLoader(dataset, shuffle=True, **settings)
+
+
+def _store_of(kind: str, options: dict[str, Any]) -> str:
+    if kind in ("imagefolder", "raw"):
+        return "files"
+    if kind in ("litdata", "wds"):
+        return kind
+    resized = "-resize80" if options.get("resize") else ""
+    return f"lmdb{'-decoded' if options.get('storage') == 'decoded' else ''}{resized}"
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (every thread's, from ``/proc``)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _pss_anon_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as handle:
+                total += sum(int(line.split()[1]) for line in handle if line.startswith("Pss_Anon:"))
+        except OSError:
+            pass
+    return total / 1024
+
+
+def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: int, batch_size: int) -> dict[str, Any]:
+    """A cold then a warm pass of one loader (run in a fresh process by :func:`run_measure`)."""
+    import torch
+
+    from lightning_lmdb.cache import evict, resident_fraction
+    from lightning_lmdb.dataset import close_environments
+    from lightning_lmdb.transforms import finish_batch
+
+    torch.set_num_threads(1)
+    loader = make_loader(kind, options, store, workers, batch_size)
+    files = store["files"]
+    sample = random.Random(0).sample(files, min(64, len(files)))
+    result: dict[str, Any] = {}
+    iterator = None
+    peak = _PeakMemory()
+    for regime in ("cold", "warm"):
+        if regime == "cold":
+            close_environments()
+            evict(files, sync=True)  # fsync first: pages of a store written moments ago are dirty and would stay
+            result["cold_cached"] = max(resident_fraction(f) for f in sample)
+        count, started = 0, time.perf_counter()
+        iterator = iter(loader)  # the cold pass starts the workers (fork, and _warm_up_worker's imports): timed, like an epoch
+        for images, _ in iterator:
+            if images.dtype == torch.uint8:
+                images = finish_batch(images)
+            count += len(images)
+        result[regime] = count / (time.perf_counter() - started)
+    result["memory_mb"] = peak.stop()
+    del iterator, loader
+    result["rss_main_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return result
+
+
+class _PeakMemory:
+    """Samples the private anonymous memory of this process and its children every 0.25 s; :meth:`stop` returns the peak."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak, self._stop = 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            self.peak = max(self.peak, _pss_anon_mb([os.getpid(), *_children(os.getpid())]))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def ceiling(kind: str, decoder: str | None, decode_size: int | None, store: dict[str, Any], workers: int) -> float:
+    """Samples/s of ``workers`` forked processes decoding + transforming record bytes already in memory."""
+    import torch
+
+    from lightning_lmdb import envs
+    from lightning_lmdb import format as fmt
+
+    if kind == "imagefolder":
+        blobs = [Path(p).read_bytes() for p in store["files"]]
+    else:
+        opened = envs.shared(store["path"])
+        with opened.env.begin() as txn:
+            blobs = [txn.get(fmt.record_key(i), db=opened.records) for i in range(txn.stat(opened.records)["entries"])]
+        envs.close_all()
+    random.Random(0).shuffle(blobs)
+    context = multiprocessing.get_context("fork")
+    barrier, queue = context.Barrier(workers), context.Queue()
+
+    from PIL import Image
+
+    from lightning_lmdb.decoders import decode
+    from lightning_lmdb.transforms import eval_transform
+
+    pil_transform, tensor_transform = _pil_transform(), eval_transform(SIZE)
+
+    def step(data: bytes) -> Any:
+        if kind == "imagefolder":
+            return pil_transform(Image.open(io.BytesIO(data)).convert("RGB"))
+        return tensor_transform(decode(data, decoder, decode_size=decode_size))
+
+    def work(part: int) -> None:
+        torch.set_num_threads(1)
+        mine = blobs[part::workers]
+        for data in mine[:20]:  # imports and first-call costs are not decoding
+            step(data)
+        barrier.wait()
+        started = time.perf_counter()
+        for data in mine:
+            step(data)
+        queue.put(time.perf_counter() - started)
+
+    processes = [context.Process(target=work, args=(part,)) for part in range(workers)]
+    for process in processes:
+        process.start()
+    seconds = max(queue.get() for _ in processes)
+    for process in processes:
+        process.join()
+    return len(blobs) / seconds
+
+
+def run_measure(payload: dict[str, Any]) -> dict[str, Any]:
+    """Run :func:`measure` or :func:`ceiling` in a fresh Python process; return its JSON result."""
+    done = subprocess.run([sys.executable, str(HERE), "--child"], input=json.dumps(payload), capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"measuring {payload.get('label')} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def _child(payload: dict[str, Any]) -> None:
+    result = measure(payload["kind"], payload["options"], payload["store"], payload["workers"], payload["batch_size"])
+    paired = payload.get("ceiling")
+    if paired:  # the same decode and transform with bytes already in memory, right after (a noisy machine drifts)
+        result["ceiling"] = ceiling(paired["kind"], paired.get("decoder"), paired.get("decode_size"), paired["store"],
+                                    payload["workers"])
+    print(json.dumps(result), flush=True)
+
+
+# --- the reduced-size and resize bounds ---------------------------------------------------------------
+
+
+def bounds(stores: dict[str, dict[str, Any]], limit: int = 500) -> dict[str, float]:
+    """Mean absolute difference (0-255) of the final tensors: reduced-size vs full decode, and resize=80 storage vs the files."""
+    import numpy as np
+
+    from lightning_lmdb import envs
+    from lightning_lmdb import format as fmt
+    from lightning_lmdb.decoders import decode
+    from lightning_lmdb.transforms import eval_transform
+
+    transform = eval_transform(SIZE)
+    out: dict[str, list[float]] = {"reduced": [], "resize80": []}
+    with envs.reading(stores["lmdb"]["path"]) as full, envs.reading(stores["lmdb-resize80"]["path"]) as small:
+        with full.env.begin() as a, small.env.begin() as b:
+            for i in range(min(limit, a.stat(full.records)["entries"])):
+                data, resized = a.get(fmt.record_key(i), db=full.records), b.get(fmt.record_key(i), db=small.records)
+                reference = transform(decode(data, "opencv")).numpy().astype(np.int16)
+                reduced = transform(decode(data, "opencv", decode_size=SIDE)).numpy().astype(np.int16)
+                shrunk = transform(decode(resized, "opencv", decode_size=SIDE)).numpy().astype(np.int16)
+                out["reduced"].append(float(np.abs(reduced - reference).mean()))
+                out["resize80"].append(float(np.abs(shrunk - reference).mean()))
+    return ({f"{key}_mean": statistics.fmean(v) for key, v in out.items()} | {f"{key}_max": max(v) for key, v in out.items()}
+            | {"images": len(out["reduced"])})
+
+
+# --- the report ---------------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    import cv2
+    import PIL
+    import torch
+    import torchvision
+
+    versions = [f"torch {torch.__version__}", f"torchvision {torchvision.__version__}", f"Pillow {PIL.__version__}",
+                f"OpenCV {cv2.__version__}"]
+    for name in ("torchcodec", "litdata", "webdataset"):
+        try:
+            versions.append(f"{name} {__import__(name).__version__}")
+        except ImportError:
+            pass
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{len(os.sched_getaffinity(0))} cores ({cpu}), {memory:.0f} GiB RAM, Python {platform.python_version()}; " + ", ".join(versions)
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def _paired(rows: dict[str, list[dict[str, Any]]], label: str, key: str) -> list[float]:
+    """This row's ``key`` over ImageFolder's in the same round, one ratio a round (a shared machine drifts between rounds)."""
+    base = rows["ImageFolder (PIL)"]
+    return [r[key] / b[key] for r, b in zip(rows[label], base)]
+
+
+def _ratio(values: list[float]) -> str:
+    text = f"{statistics.median(values):.2f}x"
+    return text + (f" ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else "")
+
+
+def report(results: dict[str, dict[str, Any]], machine_text: str, settings: str) -> str:
+    lines = [f"Machine: {machine_text}.", settings, "x ImageFolder: the median over the rounds of each round's ratio to ImageFolder "
+             "(its range in brackets).", ""]
+    for folder, result in results.items():
+        rows, stores = result["rows"], result["stores"]
+        lines += [f"### {folder}: {result['description']} ({len(rows['ImageFolder (PIL)'])} rounds)", "",
+                  "| loader | build s | size MB | cold img/s | cold x ImageFolder | warm img/s | warm x ImageFolder | memory MB |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for label, kind, options in LOADERS:
+            if label not in rows:
+                continue
+            store = stores[_store_of(kind, options)]
+            cold, warm, memory = (_median(rows[label], key) for key in ("cold", "warm", "memory_mb"))
+            built = "-" if store["seconds"] is None or kind == "raw" else f"{store['seconds']:.1f}"
+            lines.append(f"| {label} | {built} | {store['bytes'] / 1e6:.0f} | {cold:.0f} | {_ratio(_paired(rows, label, 'cold'))} | "
+                         f"{warm:.0f} | {_ratio(_paired(rows, label, 'warm'))} | {memory:.0f} |")
+        cached = max(r.get("cold_cached", 0.0) for rs in rows.values() for r in rs)
+        lines += ["", f"Cold passes: at most {cached:.0%} of any sampled file was still cached after eviction.", "",
+                  "| decode-only ceiling (bytes in RAM, 2 processes) | img/s | x ImageFolder's ceiling | its loader warm / ceiling |",
+                  "|---|---:|---:|---:|"]
+        ceilings = {name: _median(rows[label], "ceiling") for name, label in result["ceiling_rows"].items()}
+        for name, label in result["ceiling_rows"].items():
+            paired = [r["warm"] / r["ceiling"] for r in rows[label]]
+            lines.append(f"| {name} | {ceilings[name]:.0f} | {ceilings[name] / ceilings['ImageFolder (PIL)']:.2f}x | {_ratio(paired)} |")
+        b = result["bounds"]
+        lines += ["", f"Final tensor vs full decode + the same transform, mean absolute difference (0-255) over the first "
+                  f"{b.get('images', 500)} images: reduced-size decoding {b['reduced_mean']:.2f} (worst image {b['reduced_max']:.2f}); "
+                  f"resize=80 storage {b['resize80_mean']:.2f} (worst {b['resize80_max']:.2f}).", ""]
+    return "\n".join(lines)
+
+
+def chart(results: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 6), squeeze=False)
+    for ax, (folder, result) in zip(axes[0], results.items()):
+        rows = result["rows"]
+        labels = [label for label, _, _ in LOADERS if label in rows]
+        y = list(range(len(labels)))
+        for offset, regime in ((-0.2, "cold"), (0.2, "warm")):
+            ratios = [_paired(rows, label, regime) for label in labels]
+            medians = [statistics.median(r) for r in ratios]
+            spread = [[m - min(r) for m, r in zip(medians, ratios)], [max(r) - m for m, r in zip(medians, ratios)]]
+            ax.barh([v + offset for v in y], medians, height=0.4, label=regime, xerr=spread, capsize=2)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_yticks(y, [label.strip("*") for label in labels])
+        ax.invert_yaxis()
+        ax.set_xlabel("throughput, x ImageFolder")
+        ax.set_title(f"{folder} ({result['description']})", fontsize=9)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--photos", type=int, default=10_000, help="ImageNet-like JPEGs (0: skip)")
+    parser.add_argument("--pngs", type=int, default=5_000, help="mixed-mode PNGs (0: skip)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3, help="repetitions of every loader (rotated order); medians reported")
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/lightning_lmdb_peers"), help="generated folders and stores")
+    parser.add_argument("--out", type=Path, default=HERE.parent / "results", help="where peers.md and peers.png go")
+    parser.add_argument("--only", nargs="*", default=None, help="measure only loaders whose label contains one of these")
+    parser.add_argument("--no-peers", action="store_true", help="skip LitData and WebDataset")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild every store")
+    parser.add_argument("--report-from", nargs="+", type=Path, default=None, metavar="JSON",
+                        help="write peers.md / peers.png from the peers.json of earlier runs (their folders merged) and exit")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one measurement, its payload on stdin
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(json.loads(sys.stdin.read()))
+        return
+    if args.report_from:
+        saved = [json.loads(path.read_text()) for path in args.report_from]
+        _write(args.out, {folder: result for run in saved for folder, result in run["results"].items()}, saved[-1]["machine"],
+               saved[-1]["settings"])
+        return
+    folders = {}
+    if args.photos:
+        folders["photos"] = (make_photo_folder(args.dir / f"photos_{args.photos}", args.photos),
+                             f"{args.photos:,} ImageNet-like JPEGs, 256-500 px")
+    if args.pngs:
+        folders["pngs"] = (make_png_folder(args.dir / f"pngs_{args.pngs}", args.pngs), f"{args.pngs:,} mixed-mode PNGs, 48-256 px")
+    results: dict[str, dict[str, Any]] = {}
+    for folder, (source, description) in folders.items():
+        stores = build_stores(source, args.dir / f"{source.name}_stores", args.workers, args.rebuild, not args.no_peers)
+        loaders = [(label, kind, options) for label, kind, options in LOADERS if _store_of(kind, options) in stores
+                   and (label == "ImageFolder (PIL)" or not args.only or any(o in label for o in args.only))]
+        rows: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in loaders}
+        ceiling_rows = {}  # ceiling name -> the row it is paired with
+        jobs = []
+        for label, kind, options in loaders:
+            payload = {"what": "loader", "label": label, "kind": kind, "options": options, "store": stores[_store_of(kind, options)],
+                       "workers": args.workers, "batch_size": args.batch_size}
+            if kind == "imagefolder":
+                payload["ceiling"] = {"kind": "imagefolder", "store": stores["files"]}
+                ceiling_rows["ImageFolder (PIL)"] = label
+            elif kind == "lmdb" and (options["decoder"], options.get("decode_size")) in CEILINGS and _store_of(kind, options) == "lmdb":
+                payload["ceiling"] = {"kind": "lmdb", "decoder": options["decoder"], "decode_size": options.get("decode_size"),
+                                      "store": stores["lmdb"]}
+                size = options.get("decode_size")
+                ceiling_rows[options["decoder"] + (f", decode_size {size}" if size else "")] = label
+            jobs.append((label, payload))
+        for round_ in range(args.rounds):
+            shift = round_ * max(1, len(jobs) // args.rounds)
+            for label, payload in jobs[shift:] + jobs[:shift]:
+                r = run_measure(payload)
+                rows[label].append(r)
+                paired = f"  ceiling {r['ceiling']:7.0f}/s ({r['warm'] / r['ceiling']:.2f})" if "ceiling" in r else ""
+                warn = f"  (eviction failed: {r['cold_cached']:.0%} still cached)" if r["cold_cached"] > 0.05 else ""
+                print(f"{folder} round {round_}: {label:40s} cold {r['cold']:7.0f}/s  warm {r['warm']:7.0f}/s{paired}{warn}", flush=True)
+        results[folder] = {"rows": rows, "description": description, "ceiling_rows": ceiling_rows, "bounds": bounds(stores),
+                           "stores": {name: {k: v for k, v in store.items() if k != "files"} for name, store in stores.items()}}
+    settings = f"{args.workers} workers, batches of {args.batch_size}; output {SIZE}x{SIZE} float (shorter side {SIDE}, centre crop)."
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "peers.json").write_text(json.dumps({"machine": machine(), "settings": settings, "results": results}, indent=1))
+    _write(args.out, results, machine(), settings)
+
+
+def _write(out: Path, results: dict[str, dict[str, Any]], machine_text: str, settings: str) -> None:
+    text = report(results, machine_text, settings)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peers.md").write_text(text + "\n")
+    chart(results, out / "peers.png")
+    print(text)
+    print(f"\nwritten: {out / 'peers.md'}, {out / 'peers.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Decoders: encoded image bytes to RGB pixels, with PIL, TorchCodec, OpenCV, or the fastest per record.
+
+``decoder=`` (datasets, ``LMDBDataModule``, benchmarks):
+
+* ``"pil"`` -- ``ImageFolder``'s exact pixels: PIL, then ``convert("RGB")`` exactly like
+  ``torchvision.datasets.folder.pil_loader``. Returns a PIL image (the datasets' default: a drop-in for
+  ``ImageFolder``).
+* ``"torchcodec"`` -- ``torchcodec.decoders`` (the successor of ``torchvision.io``'s image decoding):
+  a ``uint8`` ``3 x H x W`` tensor straight from the bytes, no PIL object.
+* ``"opencv"`` -- ``cv2.imdecode`` after the pixel count is checked from the header, straight to RGB
+  (never BGR), EXIF orientation ignored like PIL's loader; alpha dropped and grey replicated exactly
+  like ``convert("RGB")``.
+* ``"auto"`` -- per record, the fastest library that meets the parity policy below (measured here):
+  OpenCV for JPEG (grey or colour, 8-bit), PNG and still WebP; PIL for CMYK / YCCK and 12-bit JPEGs,
+  animated WebP and every other format (GIF, BMP, TIFF, ...), converted to a tensor.
+
+Tensor decoders read JPEG, PNG and WebP themselves and hand any other format (and anything they fail
+on) to PIL, so they accept every image PIL accepts and raise the same :class:`ImageDecodeError`. Their
+tensors are ``3 x H x W`` views of ``H x W x 3`` memory (channels-last strides): torchvision's v2 resize
+runs its fast ``uint8`` kernel on exactly that layout (3.4x faster here than on a contiguous tensor).
+
+**Parity policy** (``tests/test_decoders.py`` checks every line):
+
+* ``"pil"``: equal to ``ImageFolder``, every mode and format.
+* 8-bit PNG in every mode (RGB, RGBA, L, LA, palette with and without transparency, 1/2/4-bit) and
+  WebP (lossy, lossless, with alpha): equal to PIL's pixels with OpenCV and TorchCodec.
+* JPEG: equal to PIL's pixels here with both (the same libjpeg-turbo and integer IDCT); another build
+  may differ by rounding, so the tested bound is a mean absolute difference <= 1 (of 255). Exceptions:
+  CMYK JPEGs with OpenCV differ by 1 in every pixel (``"auto"`` uses PIL for them); TorchCodec applies
+  the EXIF orientation (rotating the image) where PIL's loader does not (``"auto"`` never uses TorchCodec).
+* 16-bit images: PIL's ``convert("RGB")`` clips 16-bit grey to 255 (most pixels come out white);
+  OpenCV and TorchCodec scale them to 8 bits (``value >> 8``) instead -- deliberately different.
+
+**Reduced-size decoding** (``decode_size=S``): the shorter side the transform will need. A JPEG whose
+shorter side is at least ``2 x k x S`` (``k`` = 2, 4 or 8) is decoded at ``1/k`` scale in the DCT domain
+(OpenCV ``IMREAD_REDUCED_*``, PIL ``draft()``; the two give identical pixels), and the transform resizes
+from there. The margin of 2 keeps the transform's antialiased resize doing at least a 2x reduction, so
+its filter, not the DCT scaling's, shapes the result: against full decode plus the same transform, the
+final tensor's mean absolute difference was 1.2 of 255 on the generated photos (3.0 without the margin;
+``benchmarks/peers.py`` measures it, the tests bound it). TorchCodec has no scaled decode and ignores
+it; PNG and WebP have no DCT and are decoded whole.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from typing import Literal
+
+import numpy as np
+import torch
+from PIL import Image
+
+from lightning_lmdb.imageinfo import ImageInfo, read_info
+
+Decoder = Literal["pil", "torchcodec", "opencv", "auto"]
+#: The valid values of ``decoder=``.
+DECODERS: tuple[str, ...] = ("pil", "torchcodec", "opencv", "auto")
+#: Default pixel limit: Pillow's own warning threshold (~89.5 megapixels).
+DEFAULT_MAX_PIXELS: int = 89_478_485
+#: What Pillow itself refuses (twice its warning threshold): the limit when a caller passes ``max_pixels=None``.
+HARD_MAX_PIXELS: int = 2 * DEFAULT_MAX_PIXELS
+#: DCT scale factors of reduced-size JPEG decoding, largest first.
+_REDUCTIONS = (8, 4, 2)
+#: A reduced decode keeps its shorter side at least this many times ``decode_size`` (see the module docstring).
+_MARGIN = 2
+
+# Pillow's DecompressionBombWarning duplicates our own pixel check (``max_pixels``), so it is silenced
+# once, here. Not with ``warnings.catch_warnings()`` around each decode: entering it resets Python's
+# once-per-location registry, and every other warning (e.g. Pillow's "Palette images with
+# Transparency") was then printed once per image instead of once per process.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+class ImageDecodeError(ValueError):
+    """Bytes that are not a decodable image, or an image over the pixel limit.
+
+    Attributes:
+        name: The image (usually its path).
+        reason: What is wrong with it and what to do, without the name.
+    """
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(f"{name}: {reason}")
+        self.name, self.reason = name, reason
+
+
+def _too_many_pixels(name: str, width: int, height: int, limit: int) -> ImageDecodeError:
+    return ImageDecodeError(
+        name,
+        f"{width}x{height} = {width * height:,} pixels exceeds the limit of {limit:,} "
+        "(a possible decompression bomb). Raise max_pixels if the image is genuine.",
+    )
+
+
+def reduction(info: ImageInfo, decode_size: int | None) -> int:
+    """The DCT scale factor (1, 2, 4 or 8) for decoding this image when the transform needs ``decode_size``.
+
+    The largest ``k`` with ``min(width, height) >= 2 * k * decode_size`` for an 8-bit JPEG; 1 otherwise.
+    """
+    if not decode_size or info.format != "jpeg" or info.bit_depth != 8:
+        return 1
+    short = min(info.width, info.height)
+    return next((k for k in _REDUCTIONS if short >= _MARGIN * k * decode_size), 1)
+
+
+def choose(info: ImageInfo, decoder: str) -> str:
+    """The library (``"pil"``, ``"torchcodec"`` or ``"opencv"``) that decodes an image with this header.
+
+    Raises:
+        ValueError: ``decoder`` is not one of :data:`DECODERS`.
+    """
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
+    if decoder == "pil" or info.format == "other" or not info.pixels:
+        return "pil"
+    if decoder == "auto":
+        if info.format == "jpeg" and (info.channels not in (1, 3) or info.bit_depth != 8):
+            return "pil"  # CMYK / YCCK (OpenCV differs by 1), 12-bit
+        if info.format == "webp" and info.animated:
+            return "pil"
+        return "opencv"
+    return decoder
+
+
+def decode(
+    data: bytes | memoryview,
+    decoder: str = "pil",
+    *,
+    decode_size: int | None = None,
+    max_pixels: int | None = None,
+    name: str = "<bytes>",
+) -> Image.Image | torch.Tensor:
+    """Decode encoded image bytes to RGB: a PIL image for ``decoder="pil"``, else a ``uint8`` ``3 x H x W`` tensor.
+
+    Args:
+        data: The encoded file contents.
+        decoder: ``"pil"``, ``"torchcodec"``, ``"opencv"`` or ``"auto"`` (see the module docstring).
+        decode_size: The shorter side the transform needs: allows reduced-size JPEG decoding (``None``: full size).
+        max_pixels: Refuse images with more pixels than this (``None``: Pillow's hard limit, 2x its warning threshold).
+        name: How to name the image in errors (usually its path).
+
+    Raises:
+        ImageDecodeError: Not an image, truncated or corrupt, or over the pixel limit.
+        ValueError: ``decoder`` is not one of :data:`DECODERS`.
+    """
+    if decoder == "pil":
+        return decode_pil(data, max_pixels=max_pixels, name=name, decode_size=decode_size)
+    info = read_info(data)
+    library = choose(info, decoder)
+    if library != "pil":
+        limit = HARD_MAX_PIXELS if max_pixels is None else max_pixels
+        if info.pixels > limit:
+            raise _too_many_pixels(name, info.width, info.height, limit)
+        pixels = _opencv(data, info, decode_size) if library == "opencv" else _torchcodec(data, info)
+        if pixels is not None:
+            return pixels
+    # PIL: the formats the others do not read, and anything they failed on (PIL then names the problem)
+    return pil_to_tensor(decode_pil(data, max_pixels=max_pixels, name=name, decode_size=decode_size))
+
+
+def decode_pil(
+    data: bytes | memoryview, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, name: str = "<bytes>", decode_size: int | None = None
+) -> Image.Image:
+    """Decode encoded image bytes to a fully loaded RGB PIL image, exactly as ``ImageFolder``'s loader does.
+
+    The pixel count is checked from the header before any pixel is decoded, so a decompression bomb
+    (a tiny file that expands to gigabytes) is refused cheaply.
+
+    Args:
+        data: The encoded file contents.
+        max_pixels: Refuse images with more pixels than this; ``None`` for no limit of ours (Pillow's
+            hard limit of twice its warning threshold still applies).
+        name: How to name the image in errors (usually its path).
+        decode_size: Allow a reduced-size JPEG decode (``draft()``) whose shorter side stays >= twice this.
+
+    Raises:
+        ImageDecodeError: Not an image, truncated or corrupt, or over ``max_pixels``.
+    """
+    if not len(data):
+        raise ImageDecodeError(name, "the file is empty. Remove it or replace it with the image.")
+    try:
+        img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise ImageDecodeError(name, str(exc)) from exc
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageDecodeError(name, "not an image in a format Pillow can read. Remove or replace the file.") from exc
+    with img:
+        width, height = img.size
+        if max_pixels is not None and width * height > max_pixels:
+            raise _too_many_pixels(name, width, height, max_pixels)
+        if decode_size and img.format == "JPEG":  # the largest 1/k scale that keeps both sides >= 2 * decode_size
+            img.draft(None, (_MARGIN * decode_size, _MARGIN * decode_size))
+        try:
+            return img.convert("RGB")
+        except (OSError, SyntaxError, ValueError, EOFError) as exc:
+            raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
+
+
+def pil_to_tensor(image: Image.Image) -> torch.Tensor:
+    """An RGB PIL image as a ``uint8`` ``3 x H x W`` tensor (a channels-last view of its own copy of the pixels)."""
+    return hwc_to_tensor(np.array(image.convert("RGB") if image.mode != "RGB" else image))
+
+
+def hwc_to_tensor(pixels: np.ndarray) -> torch.Tensor:
+    """An ``H x W x 3`` ``uint8`` array as a ``3 x H x W`` tensor sharing its memory (channels-last strides)."""
+    return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
+# --- OpenCV -------------------------------------------------------------------------------------------
+
+_cv2 = None
+_CV2_FLAGS: dict[int, tuple[int, bool]] = {}  # reduction -> (imdecode flags, output is BGR)
+
+
+def _opencv_flags(k: int) -> tuple[int, bool]:
+    global _cv2
+    if not _CV2_FLAGS:
+        import cv2
+
+        _cv2 = cv2
+        rgb = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.11 decodes straight to RGB
+        colour = cv2.IMREAD_COLOR if rgb is None else rgb
+        for factor, flag in ((1, cv2.IMREAD_COLOR), (2, cv2.IMREAD_REDUCED_COLOR_2), (4, cv2.IMREAD_REDUCED_COLOR_4),
+                             (8, cv2.IMREAD_REDUCED_COLOR_8)):
+            _CV2_FLAGS[factor] = ((flag & ~cv2.IMREAD_COLOR) | colour | cv2.IMREAD_IGNORE_ORIENTATION, rgb is None)
+    return _CV2_FLAGS[k]
+
+
+def _opencv(data: bytes | memoryview, info: ImageInfo, decode_size: int | None) -> torch.Tensor | None:
+    """OpenCV's RGB pixels, or ``None`` when it cannot (PIL then decodes or names the problem)."""
+    if info.format == "jpeg" and not _has_end_marker(data):
+        return None  # a truncated JPEG: OpenCV would fill the rest with grey and say nothing
+    k = reduction(info, decode_size)
+    flags, bgr = _opencv_flags(k)
+    try:
+        pixels = _cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)  # type: ignore[union-attr]
+    except _cv2.error:  # type: ignore[union-attr]
+        return None
+    if pixels is None or pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.shape[:2] != (-(-info.height // k), -(-info.width // k)):
+        return None
+    if bgr:
+        pixels = _cv2.cvtColor(pixels, _cv2.COLOR_BGR2RGB)  # type: ignore[union-attr]
+    return hwc_to_tensor(pixels)
+
+
+def _has_end_marker(data: bytes | memoryview) -> bool:
+    """A JPEG's end-of-image marker in its last 4 KB (files often carry padding or trailers after it)."""
+    tail = bytes(data[-4096:])
+    return b"\xff\xd9" in tail
+
+
+# --- TorchCodec ---------------------------------------------------------------------------------------
+
+_TORCHCODEC: dict[str, object] = {}  # format -> TorchCodec's decoder of it (imported on first use)
+
+
+def _torchcodec(data: bytes | memoryview, info: ImageInfo) -> torch.Tensor | None:
+    """TorchCodec's RGB pixels, or ``None`` when it cannot (PIL then decodes or names the problem)."""
+    if not _TORCHCODEC:
+        from torchcodec import decoders as tc
+
+        _TORCHCODEC.update(jpeg=tc.decode_jpeg, png=tc.decode_png, webp=tc.decode_webp)
+    if info.format == "jpeg" and not _has_end_marker(data):
+        return None
+    try:
+        pixels = _TORCHCODEC[info.format](bytes(data), mode="RGB")  # type: ignore[operator]
+    except (RuntimeError, ValueError):
+        return None
+    if pixels.ndim == 4:  # an animated WebP: its first frame, as PIL gives
+        pixels = pixels[0]
+    return pixels if pixels.ndim == 3 and pixels.shape[0] == 3 else None
