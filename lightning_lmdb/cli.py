@@ -1,4 +1,4 @@
-"""The ``lightning-lmdb`` command: build | info | verify | bench."""
+"""The ``lightning-lmdb`` command: build | info | verify | bench | netfs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from lightning_lmdb import __version__
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.decoders import DECODERS
 from lightning_lmdb.format import DatabaseError
+from lightning_lmdb.netfs import NetfsError
 from lightning_lmdb.options import CHOICES, BuildOptions
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 
 #: Expected failures: reported as one line on stderr, never with a traceback. Anything else is a bug.
-_EXPECTED_ERRORS = (OSError, lmdb.Error, ValueError, DatabaseError)
+_EXPECTED_ERRORS = (OSError, lmdb.Error, ValueError, DatabaseError, NetfsError)
 
 #: What to try, per errno, when an OSError's own message gives no advice.
 _ERRNO_HINTS = {
@@ -133,10 +135,27 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _netfs(args: argparse.Namespace) -> int:
+    from lightning_lmdb import netfs
+
+    with netfs.mount(args.source, args.mountpoint, latency_ms=args.latency_ms, jitter_ms=args.jitter_ms,
+                     bandwidth_mb_s=args.bandwidth_mb_s) as mounted:
+        cap = f", at most {args.bandwidth_mb_s:g} MB/s" if args.bandwidth_mb_s else ""
+        print(f"serving {mounted.source} at {mounted.path}: {args.latency_ms:g} ms (+ up to {args.jitter_ms:g} ms) per request{cap}. "
+              "Ctrl-C unmounts.", flush=True)
+        try:
+            while mounted.process is not None and mounted.process.poll() is None:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
+    print(f"unmounted {mounted.path}")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lightning-lmdb``."""
     parser = argparse.ArgumentParser(
-        prog="lightning-lmdb", description="Pack image folders into one LMDB file; inspect, verify, benchmark it."
+        prog="lightning-lmdb", description="Pack image folders into one LMDB file; inspect, verify, benchmark it; emulate network storage."
     )
     parser.add_argument("--version", action="version", version=f"lightning-lmdb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -186,6 +205,14 @@ def make_parser() -> argparse.ArgumentParser:
     bench.add_argument("--decoder", choices=DECODERS, default="pil", help="with --decode: the decoder (default: pil, ImageFolder's)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the shuffled order")
     bench.set_defaults(func=_bench)
+
+    netfs = sub.add_parser("netfs", help="serve SOURCE read-only at MOUNTPOINT with a latency per request (emulated network storage)")
+    netfs.add_argument("source")
+    netfs.add_argument("mountpoint", help="an empty folder (created if missing)")
+    netfs.add_argument("--latency-ms", type=float, default=0.5, help="added to every lookup, stat, open, readdir and read (default 0.5)")
+    netfs.add_argument("--jitter-ms", type=float, default=0.0, help="up to this much more per request, at random")
+    netfs.add_argument("--bandwidth-mb-s", type=float, default=None, help="cap on the bytes read per second (shared by all requests)")
+    netfs.set_defaults(func=_netfs)
 
     return parser
 
@@ -260,7 +287,7 @@ def describe_error(exc: BaseException, args: argparse.Namespace | None = None) -
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
-_ACTIVITY = {"build": "building", "info": "reading", "verify": "verifying", "bench": "benchmarking"}
+_ACTIVITY = {"build": "building", "info": "reading", "verify": "verifying", "bench": "benchmarking", "netfs": "serving"}
 
 
 def _path_text(name: Any) -> str:
