@@ -3,6 +3,7 @@
     python train.py data=lmdb                 # one run (demo dataset generated on first use)
     python train.py -m data=raw,lmdb          # A/B: comparison.txt + comparison.png in the multirun dir
     python train.py data.train_dir=/my/images data.cold_cache=true
+    python train.py -m data=raw,lmdb model=noop data.netfs_latency_ms=0.5   # A/B on emulated network storage
     python train.py checkpoint_every_n_steps=5          # kill it mid-epoch, then resume:
     python train.py ckpt_path=outputs/<date>/<time>/checkpoints/last.ckpt
 
@@ -47,7 +48,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             cfg.data.train_dir = str(demo)
     datamodule = instantiate(cfg.data)
     model = instantiate(cfg.model, num_classes=datamodule.num_classes)
-    meta = {key: cfg.data.get(key) for key in ("storage", "batch_size", "num_workers", "cold_cache", "image_size")}
+    meta = {key: cfg.data.get(key) for key in ("storage", "batch_size", "num_workers", "cold_cache", "image_size", "netfs_latency_ms")}
     meta["model"] = type(model).__name__
     meta["repeat"] = cfg.get("ab", {}).get("repeat", 0)
     monitor = PerfMonitor(output_dir / SUMMARY_NAME, backend=datamodule.backend, meta=meta)

@@ -75,6 +75,14 @@ LOADERS: list[tuple[str, str, dict[str, Any]]] = [
     ("lmdb resize=80 decoded storage", "lmdb", {"decoder": "auto", "resize": 80, "storage": "decoded"}),
     ("raw files, auto, decode_size", "raw", {"decoder": "auto", "decode_size": SIDE}),
 ]
+#: The rows of the network-storage table (``--latency-ms``): the peers' default paths, LitData's local cache, ours, the files.
+NETFS_LOADERS: list[tuple[str, str, dict[str, Any]]] = [
+    ("ImageFolder (PIL)", "imagefolder", {}),
+    ("LitData (torchvision.io)", "litdata", {}),
+    ("LitData, chunks copied to a local cache first", "litdata-cache", {}),
+    ("**lmdb auto, decode_size (default)**", "lmdb", {"decoder": "auto", "decode_size": SIDE}),
+    ("raw files, auto, decode_size", "raw", {"decoder": "auto", "decode_size": SIDE}),
+]
 CEILINGS = [("pil", None), ("pil", SIDE), ("torchcodec", None), ("opencv", None), ("opencv", SIDE), ("auto", None), ("auto", SIDE)]
 
 
@@ -205,10 +213,11 @@ def make_loader(kind: str, options: dict[str, Any], store: dict[str, Any], worke
         from torchvision.datasets import ImageFolder
 
         return DataLoader(ImageFolder(store["path"], _pil_transform()), shuffle=True, **settings)
-    if kind == "litdata":
+    if kind in ("litdata", "litdata-cache"):  # "local:" makes LitData treat the folder as remote storage: chunks copied to cache_dir
         from litdata import StreamingDataLoader, StreamingDataset
 
-        return StreamingDataLoader(StreamingDataset(store["path"], shuffle=True, transform=_LitTransform()), **settings)
+        source, cache = (f"local:{store['path']}", store["cache_dir"]) if kind == "litdata-cache" else (store["path"], None)
+        return StreamingDataLoader(StreamingDataset(source, cache_dir=cache, shuffle=True, transform=_LitTransform()), **settings)
     if kind == "wds":
         import webdataset as wds
 
@@ -229,8 +238,8 @@ def make_loader(kind: str, options: dict[str, Any], store: dict[str, Any], worke
 def _store_of(kind: str, options: dict[str, Any]) -> str:
     if kind in ("imagefolder", "raw"):
         return "files"
-    if kind in ("litdata", "wds"):
-        return kind
+    if kind in ("litdata", "litdata-cache", "wds"):
+        return kind.removesuffix("-cache")
     resized = "-resize80" if options.get("resize") else ""
     return f"lmdb{'-decoded' if options.get('storage') == 'decoded' else ''}{resized}"
 
@@ -266,10 +275,11 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
     from lightning_lmdb.transforms import finish_batch
 
     torch.set_num_threads(1)
-    loader = make_loader(kind, options, store, workers, batch_size)
-    files = store["files"]
+    started = time.perf_counter()
+    loader = make_loader(kind, options, store, workers, batch_size)  # ImageFolder's scan, the database's open, LitData's index
+    result: dict[str, Any] = {"setup_s": time.perf_counter() - started}
+    files = store.get("disk_files", store["files"])  # through a latency mount: evict the disk's copies (the mount is fresh)
     sample = random.Random(0).sample(files, min(64, len(files)))
-    result: dict[str, Any] = {}
     iterator = None
     peak = _PeakMemory()
     for regime in ("cold", "warm"):
@@ -513,6 +523,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rebuild", action="store_true", help="rebuild every store")
     parser.add_argument("--report-from", nargs="+", type=Path, default=None, metavar="JSON",
                         help="write peers.md / peers.png from the peers.json of earlier runs (their folders merged) and exit")
+    parser.add_argument("--latency-ms", nargs="+", type=float, default=None, metavar="MS",
+                        help="instead: ImageFolder, LitData and lightning_lmdb through a latency mount of MS per request (e.g. 0 0.5 2)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one measurement, its payload on stdin
     args = parser.parse_args(argv)
     if args.child:
@@ -529,6 +541,9 @@ def main(argv: list[str] | None = None) -> None:
                              f"{args.photos:,} ImageNet-like JPEGs, 256-500 px")
     if args.pngs:
         folders["pngs"] = (make_png_folder(args.dir / f"pngs_{args.pngs}", args.pngs), f"{args.pngs:,} mixed-mode PNGs, 48-256 px")
+    if args.latency_ms:
+        run_netfs(folders, args)
+        return
     results: dict[str, dict[str, Any]] = {}
     for folder, (source, description) in folders.items():
         stores = build_stores(source, args.dir / f"{source.name}_stores", args.workers, args.rebuild, not args.no_peers)
@@ -563,6 +578,94 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "peers.json").write_text(json.dumps({"machine": machine(), "settings": settings, "results": results}, indent=1))
     _write(args.out, results, machine(), settings)
+
+
+# --- on emulated network storage (--latency-ms) ---------------------------------------------------------
+
+
+def _mounted_store(store: dict[str, Any], latency_ms: float, mountpoint: Path) -> tuple[dict[str, Any], Any]:
+    """``store`` served through a fresh latency mount (a fresh client: nothing cached); the disk's files kept for eviction."""
+    from lightning_lmdb import netfs
+
+    real = Path(store["path"])
+    folder = real if real.is_dir() else real.parent
+    mount = netfs.mount(folder, mountpoint, latency_ms=latency_ms)
+
+    def through(path: str | Path) -> str:
+        return str(mount.path / Path(path).relative_to(folder))
+
+    return {**store, "path": through(real), "files": [through(f) for f in store["files"]], "disk_files": store["files"]}, mount
+
+
+def run_netfs(folders: dict[str, tuple[Path, str]], args: argparse.Namespace) -> None:
+    """The :data:`NETFS_LOADERS` through a latency mount of each ``--latency-ms``; writes ``peers_netfs.md`` / ``.json``."""
+    import shutil
+    import tempfile
+
+    results: dict[str, dict[str, Any]] = {}
+    for folder, (source, description) in folders.items():
+        stores = build_stores(source, args.dir / f"{source.name}_stores", args.workers, args.rebuild, not args.no_peers)
+        loaders = [row for row in NETFS_LOADERS if _store_of(row[1], row[2]) in stores]
+        rows: dict[str, list[dict[str, Any]]] = {f"{label} @ {ms:g}": [] for ms in args.latency_ms for label, _, _ in loaders}
+        work = Path(tempfile.mkdtemp(prefix="peers-netfs-"))
+        try:
+            for round_ in range(args.rounds):
+                shift = round_ % len(loaders)
+                for ms in args.latency_ms:
+                    for label, kind, options in loaders[shift:] + loaders[:shift]:
+                        store, mount = _mounted_store(stores[_store_of(kind, options)], ms, work / "mnt")
+                        if kind == "litdata-cache":
+                            store["cache_dir"] = str(work / "litdata-cache")
+                        try:
+                            r = run_measure({"label": label, "kind": kind, "options": options, "store": store, "workers": args.workers,
+                                             "batch_size": args.batch_size})
+                        finally:
+                            mount.close()
+                        if kind == "litdata-cache":
+                            r["cache_mb"] = folder_bytes(work / "litdata-cache")[0] / 1e6
+                            shutil.rmtree(work / "litdata-cache")
+                        rows[f"{label} @ {ms:g}"].append(r)
+                        print(f"{folder} round {round_} {ms:g} ms: {label:48s} setup {r['setup_s']:6.2f} s  cold {r['cold']:6.0f}/s  "
+                              f"warm {r['warm']:6.0f}/s", flush=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        results[folder] = {"rows": rows, "description": description, "latencies": args.latency_ms,
+                           "labels": [label for label, _, _ in loaders]}
+    settings = (f"{args.workers} workers, batches of {args.batch_size}; output {SIZE}x{SIZE} float (shorter side {SIDE}, centre crop); "
+                "every store read through a fresh latency mount (lightning_lmdb.netfs) of its folder.")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "peers_netfs.json").write_text(json.dumps({"machine": machine(), "settings": settings, "results": results}, indent=1))
+    text = netfs_report(results, machine(), settings)
+    (args.out / "peers_netfs.md").write_text(text + "\n")
+    print(text)
+
+
+def netfs_report(results: dict[str, dict[str, Any]], machine_text: str, settings: str) -> str:
+    """One table per folder: each loader at each latency, setup time, cold and warm throughput against ImageFolder's."""
+    lines = [f"Machine: {machine_text}.", settings,
+             "setup: building the dataset object (ImageFolder's scan of the folder, opening the database, LitData's index); "
+             "cold: the first pass, through a fresh mount of the store with the disk's copies evicted, workers started; warm: a "
+             "second pass (the mount keeps file contents, every lookup and open is still a round trip). "
+             "x ImageFolder: median of each round's ratio (range).", ""]
+    for folder, result in results.items():
+        rows = result["rows"]
+        first = rows[f"ImageFolder (PIL) @ {result['latencies'][0]:g}"]
+        lines += [f"### {folder}: {result['description']} ({len(first)} rounds)", "",
+                  "| loader | ms per request | setup s | cold img/s | cold x ImageFolder | warm img/s | warm x ImageFolder |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for ms in result["latencies"]:
+            base = rows[f"ImageFolder (PIL) @ {ms:g}"]
+            for label in result["labels"]:
+                runs = rows[f"{label} @ {ms:g}"]
+                ratios = {key: [r[key] / b[key] for r, b in zip(runs, base)] for key in ("cold", "warm")}
+                lines.append(f"| {label} | {ms:g} | {_median(runs, 'setup_s'):.2f} | {_median(runs, 'cold'):.0f} | "
+                             f"{_ratio(ratios['cold'])} | {_median(runs, 'warm'):.0f} | {_ratio(ratios['warm'])} |")
+        copies = [r["cache_mb"] for key, rs in rows.items() for r in rs if "cache_mb" in r]
+        if copies:
+            lines += ["", f"LitData's local cache: {max(copies):.0f} MB of chunks copied to the local disk (the whole dataset, on every "
+                      "node), paid inside its cold pass; its warm pass reads the local copy."]
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _write(out: Path, results: dict[str, dict[str, Any]], machine_text: str, settings: str) -> None:

@@ -139,7 +139,7 @@ def _netfs(args: argparse.Namespace) -> int:
     from lightning_lmdb import netfs
 
     with netfs.mount(args.source, args.mountpoint, latency_ms=args.latency_ms, jitter_ms=args.jitter_ms,
-                     bandwidth_mb_s=args.bandwidth_mb_s) as mounted:
+                     bandwidth_mb_s=args.bandwidth_mb_s, cache_contents=not args.no_cache) as mounted:
         cap = f", at most {args.bandwidth_mb_s:g} MB/s" if args.bandwidth_mb_s else ""
         print(f"serving {mounted.source} at {mounted.path}: {args.latency_ms:g} ms (+ up to {args.jitter_ms:g} ms) per request{cap}. "
               "Ctrl-C unmounts.", flush=True)
@@ -212,6 +212,7 @@ def make_parser() -> argparse.ArgumentParser:
     netfs.add_argument("--latency-ms", type=float, default=0.5, help="added to every lookup, stat, open, readdir and read (default 0.5)")
     netfs.add_argument("--jitter-ms", type=float, default=0.0, help="up to this much more per request, at random")
     netfs.add_argument("--bandwidth-mb-s", type=float, default=None, help="cap on the bytes read per second (shared by all requests)")
+    netfs.add_argument("--no-cache", action="store_true", help="drop a file's cached pages at every open (data larger than RAM)")
     netfs.set_defaults(func=_netfs)
 
     return parser

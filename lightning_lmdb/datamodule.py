@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 from torchvision.datasets.folder import find_classes
 
-from lightning_lmdb import cache, transforms
+from lightning_lmdb import cache, netfs, transforms
 from lightning_lmdb.batchdecode import Collate, DeferredImages
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
@@ -132,6 +133,17 @@ class LMDBDataModule(pl.LightningDataModule):
             ``posix_fadvise`` (no root needed): emulates a dataset larger than RAM or on network
             storage. Forces ``persistent_workers=False`` (a live worker's memory map would keep the
             LMDB pages cached).
+        netfs_latency_ms: Emulated network storage: every file request (lookup, open, read, ...) of the folders and
+            the databases waits this many milliseconds (``0.5`` is a typical NFS round trip). The build and the raw
+            backend read the folders, and the LMDB backend its database file, through read-only latency mounts
+            (:mod:`lightning_lmdb.netfs`, needs FUSE) at stable points in ``<cache_dir>.netfs/`` (a database's
+            cache key hashes the real folder, so nothing is rebuilt because of them); they are unmounted when the
+            process exits. With ``cold_cache`` the mounts keep no file contents cached either. ``None``: off.
+
+    Attributes:
+        timings: Seconds spent in ``prepare_data`` (``prepare_s``: the builds, or a stale check's scan of each
+            folder) and ``setup`` (``setup_s``: the raw backend's scan, the LMDB backend's opening of its databases),
+            for the last call of each; mounting is not counted.
 
     Raises:
         ValueError: A choice that is not one of its valid values, or an out-of-range number (named, with the
@@ -176,6 +188,7 @@ class LMDBDataModule(pl.LightningDataModule):
         multiprocessing_context: StartMethod | None = None,
         shared_filesystem: bool = False,
         cold_cache: bool = False,
+        netfs_latency_ms: float | None = None,
     ):
         super().__init__()
         choices: tuple[tuple[str, Any, tuple[str | None, ...]], ...] = (
@@ -251,6 +264,14 @@ class LMDBDataModule(pl.LightningDataModule):
         if cold_cache and persistent_workers and self.num_workers > 0:
             rank_zero_warn("cold_cache=True turns persistent_workers off: live workers would keep the data cached.")
             self.persistent_workers = False
+        if netfs_latency_ms is not None:
+            if isinstance(netfs_latency_ms, bool) or not isinstance(netfs_latency_ms, (int, float)) or netfs_latency_ms < 0:
+                raise ValueError(f"netfs_latency_ms={netfs_latency_ms!r} must be a number of milliseconds >= 0 (e.g. 0.5), or None "
+                                 "to read the files directly.")
+            netfs.check_available()  # says what to install
+        self.netfs_latency_ms = netfs_latency_ms
+        self._mounted: dict[Path, Path] = {}  # mount point -> the folder it serves
+        self.timings: dict[str, float] = {}
         self.datasets: dict[str, _ImageDataset] = {}
         self._train_loader: ResumableDataLoader | None = None
         self._pending_train_state: dict[str, Any] | None = None
@@ -267,6 +288,31 @@ class LMDBDataModule(pl.LightningDataModule):
         key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         return self.cache_dir / f"{folder.name}-{key}.lmdb"
 
+    def source_path(self, split: str) -> Path:
+        """The folder of ``split`` as this module reads it: through its latency mount with ``netfs_latency_ms``."""
+        folder = self.dirs[split]
+        if folder is None:
+            raise ValueError(f"No {split}_dir was given.")
+        return self._through_netfs(folder, folder.name) if folder.is_dir() else folder
+
+    def served_database_path(self, split: str) -> Path:
+        """The database of ``split`` as the loaders read it: through the latency mount of ``cache_dir`` with ``netfs_latency_ms``."""
+        database = self.database_path(split)
+        if self.netfs_latency_ms is None:
+            return database
+        return self._through_netfs(database.parent.resolve(), "databases") / database.name
+
+    def _through_netfs(self, folder: Path, name: str) -> Path:
+        """``folder`` served at its stable mount point (mounted on first use; the same server for every module in this process)."""
+        if self.netfs_latency_ms is None:
+            return folder
+        key = hashlib.sha256(str(folder).encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        root = self.cache_dir.expanduser().absolute()
+        mount = netfs.shared_mount(folder, root.parent / f"{root.name}.netfs" / f"{name}-{key}", latency_ms=float(self.netfs_latency_ms),
+                                   cache_contents=not self.cold_cache)
+        self._mounted[mount.path] = folder
+        return mount.path
+
     def database_paths(self) -> list[Path]:
         """The databases this module serves (empty for the raw backend)."""
         return [self.database_path(s) for s, d in self.dirs.items() if d is not None] if self.backend == "lmdb" else []
@@ -277,13 +323,21 @@ class LMDBDataModule(pl.LightningDataModule):
         """Build each missing or stale database (LMDB backend). Writes to disk only; sets no state."""
         if self.backend != "lmdb":
             return
-        for split, folder in self.dirs.items():
-            if folder is not None:
-                build_lmdb(folder, self.database_path(split), self.build_options)
+        sources = {split: self.source_path(split) for split, folder in self.dirs.items() if folder is not None}
+        started = time.perf_counter()
+        for split, source in sources.items():
+            build_lmdb(source, self.database_path(split), self.build_options)
+        self.timings["prepare_s"] = time.perf_counter() - started
 
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
         _silence_the_both_hooks_warning()
+        for split, folder in self.dirs.items():  # mount first: mounting is not what setup_s measures
+            if folder is not None and self.backend == "lmdb":
+                self.served_database_path(split)
+            elif folder is not None:
+                self.source_path(split)
+        started = time.perf_counter()
         fit = stage in (None, "fit")
         # predict serves the test folder, or the validation data when there is none
         evaluate = stage in (None, "fit", "validate") or (stage == "predict" and self.dirs["test"] is None)
@@ -303,6 +357,7 @@ class LMDBDataModule(pl.LightningDataModule):
         for dataset in self.datasets.values():
             dataset.set_decoding(self.decoder, self._decode_size(dataset.transform), defer_jpeg=self.decode_device is not None)
         close_environments()  # the main process holds no environment once set up
+        self.timings["setup_s"] = time.perf_counter() - started
 
     def _decode_size(self, transform: Any) -> int | None:
         """The ``decode_size`` of a split: what its transform needs with ``"auto"``, else the setting."""
@@ -312,7 +367,7 @@ class LMDBDataModule(pl.LightningDataModule):
 
     def _open(self, split: str) -> _ImageDataset:
         if self.backend == "lmdb":
-            return LMDBImageDataset(self.database_path(split), readahead=self.readahead)
+            return LMDBImageDataset(self.served_database_path(split), readahead=self.readahead)
         return self._open_raw(split)
 
     def _open_raw(self, split: str) -> RawImageDataset:
@@ -322,9 +377,7 @@ class LMDBDataModule(pl.LightningDataModule):
         so that an A/B differs in storage alone. It never builds: it reuses an up-to-date database's list,
         or (none, and ``on_error="skip"``) reads and decodes every file once here, as the builder would.
         """
-        folder = self.dirs[split]
-        if folder is None:
-            raise ValueError(f"No {split}_dir was given.")
+        folder = self.source_path(split)
         database = self.database_path(split)
         scan = scan_folder(folder)
         if database.exists():
@@ -342,7 +395,7 @@ class LMDBDataModule(pl.LightningDataModule):
             log.warning("The raw backend leaves out %d bad files of %s, as a build would:\n%s", len(bad), folder,
                         "\n".join(f"  {s.path}: {s.reason}" for s in bad))
         if self.cold_cache:  # validation read every file: make them cold again
-            cache.evict([f.path for f in scan.files], sync=False)
+            cache.evict([self._real(f.path) for f in scan.files], sync=False)
         return RawImageDataset(folder, exclude={s.path for s in bad})
 
     @property
@@ -377,7 +430,15 @@ class LMDBDataModule(pl.LightningDataModule):
         if self.backend == "lmdb":
             return [str(p) for p in self.database_paths()]
         raw = {d.root: d for d in self.datasets.values() if isinstance(d, RawImageDataset)}
-        return [path for dataset in raw.values() for path in dataset.files()]
+        return [self._real(path) for dataset in raw.values() for path in dataset.files()]
+
+    def _real(self, path: str | os.PathLike[str]) -> str:
+        """``path`` on the disk, for a path through a latency mount (whose own cache keeps nothing with ``cold_cache``)."""
+        path = Path(path)
+        for mount_point, folder in self._mounted.items():
+            if path.is_relative_to(mount_point):
+                return str(folder / path.relative_to(mount_point))
+        return str(path)
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         if split not in self.datasets:

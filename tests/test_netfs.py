@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from imagegen import make_jpegs
+import torch
+from imagegen import make_folder, make_jpegs
 
-from lightning_lmdb import LMDBImageDataset, build_lmdb, netfs
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, netfs
+from lightning_lmdb.dataset import close_environments
 
 
 def _available() -> str | None:
@@ -43,12 +45,26 @@ def test_latency_is_applied_to_every_request(tmp_path: Path) -> None:
     with netfs.mount(source, tmp_path / "mnt", latency_ms=latency * 1e3) as mounted:
         names = sorted(os.listdir(mounted.path))
         assert names == sorted(os.listdir(source))
-        started = time.perf_counter()
-        for name in names:
-            with open(mounted.path / name, "rb") as handle:  # a lookup, an open and a read: at least three round trips
-                assert handle.read() == (source / name).read_bytes()
-        assert time.perf_counter() - started >= 3 * len(names) * latency
+        for cached, trips in ((False, 3), (True, 2)):  # a lookup, an open and a read; then the contents are cached
+            started = time.perf_counter()
+            for name in names:
+                with open(mounted.path / name, "rb") as handle:
+                    assert handle.read() == (source / name).read_bytes()
+            elapsed = time.perf_counter() - started
+            assert elapsed >= trips * len(names) * latency, (cached, elapsed)
     assert not netfs.is_mounted(tmp_path / "mnt")
+
+
+@needs_fuse
+def test_without_cached_contents_every_open_reads_again(tmp_path: Path) -> None:
+    source = _folder(tmp_path / "src", 6)
+    latency = 0.02
+    with netfs.mount(source, tmp_path / "mnt", latency_ms=latency * 1e3, cache_contents=False) as mounted:
+        for _ in range(2):
+            started = time.perf_counter()
+            for name in sorted(os.listdir(mounted.path)):
+                (mounted.path / name).read_bytes()
+            assert time.perf_counter() - started >= 3 * 6 * latency  # the read is a round trip every time
 
 
 @needs_fuse
@@ -80,9 +96,40 @@ def test_read_only_and_a_database_reads_through_it(tmp_path: Path) -> None:
         remote = LMDBImageDataset(mounted.path / database.name)  # memory-mapped through the mount
         assert [remote[i][1] for i in range(len(remote))] == [local[i][1] for i in range(len(local))]
         assert all(remote[i][0].tobytes() == local[i][0].tobytes() for i in range(len(local)))
-        from lightning_lmdb.dataset import close_environments
-
         close_environments()
+
+
+def _first_batch(datamodule: LMDBDataModule) -> tuple[torch.Tensor, torch.Tensor]:
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    return next(iter(datamodule.val_dataloader()))
+
+
+@needs_fuse
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+def test_datamodule_reads_through_stable_latency_mounts(tmp_path: Path, backend: str) -> None:
+    source = make_folder(tmp_path / "images", per_class=6)
+    settings = dict(cache_dir=tmp_path / "cache", backend=backend, image_size=16, batch_size=64, num_workers=2, build_workers=0,
+                    val_fraction=0.5)
+    direct = LMDBDataModule(source, **settings)
+    expected = _first_batch(direct)
+    built = {p: p.stat().st_mtime_ns for p in direct.database_paths()}
+    slow = LMDBDataModule(source, netfs_latency_ms=2, **settings)
+    images, targets = _first_batch(slow)
+    assert torch.equal(images, expected[0]) and torch.equal(targets, expected[1])
+    mounts = tmp_path / "cache.netfs"
+    served = slow.datasets["val"]
+    where = Path(served.path if backend == "lmdb" else served.root)
+    assert where.is_relative_to(mounts) and netfs.is_mounted(where if backend == "raw" else where.parent)
+    assert {p: p.stat().st_mtime_ns for p in slow.database_paths()} == built, "the mount changed the cache key: rebuilt"
+    assert set(slow.timings) == ({"prepare_s", "setup_s"} if backend == "lmdb" else {"setup_s"})
+    if backend == "raw":  # its scan is a round trip per file and folder: at least a lookup of each of the 19 entries
+        assert slow.timings["setup_s"] >= 19 * 2e-3
+    again = LMDBDataModule(source, netfs_latency_ms=2, **settings)
+    again.setup("fit")
+    assert Path(again.datasets["val"].path if backend == "lmdb" else again.datasets["val"].root) == where, "a stable mount point"
+    assert slow.cached_files() and not any(Path(p).is_relative_to(mounts) for p in slow.cached_files()), "evicts the disk's files"
+    close_environments()
 
 
 @needs_fuse

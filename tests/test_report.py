@@ -158,3 +158,15 @@ def test_one_run_each_says_which_way_and_jobs_sort_numerically(tmp_path) -> None
     for job in (2, 10, 1):
         _write_run(tmp_path / str(job), "raw" if job != 10 else "lmdb", [1.0], 0.1, None)
     assert [Path(s["path"]).parent.name for s in load_summaries(tmp_path)] == ["1", "2", "10"]
+
+
+def test_setup_seconds_are_shown_per_arm() -> None:
+    runs = _ab(raw=[(10.0, 0.4), (10.2, 0.4)], lmdb=[(4.0, 0.05), (4.1, 0.05)])
+    for run, seconds in zip(runs, (35.0, 0.02, 33.0, 0.04)):
+        run["setup"] = {"setup_s": seconds} if run["backend"] == "raw" else {"prepare_s": 1.5, "setup_s": seconds}
+    lines = comparison_table(runs).splitlines()
+    scan = next(line for line in lines if line.startswith("setup s"))
+    assert scan.split()[-6:] == ["34.00", "±", "1.00", "0.03", "±", "0.01"]
+    prepare = next(line for line in lines if line.startswith("prepare_data s"))
+    assert prepare.split()[-4:] == ["n/a", "1.50", "±", "0.00"]
+    assert lines.index(prepare) < lines.index(scan) < next(i for i, line in enumerate(lines) if "epoch 0" in line)

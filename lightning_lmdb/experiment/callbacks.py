@@ -52,6 +52,11 @@ excluded, like ``epoch_time_s``):
   steal over all time. Near 1 the loader workers and training compete for the cores, even when
   ``data_wait_frac`` is low. ``None`` without ``/proc/stat``.
 
+Before the first epoch, the summary's ``setup`` holds the DataModule's own ``timings`` when it has them
+(``LMDBDataModule``: ``prepare_s``, the builds or the stale check's scan of each folder; ``setup_s``,
+the raw backend's scan of the files or the LMDB backend's opening of its databases): on network
+storage a folder's scan alone can take longer than an epoch.
+
 Without a CUDA device or NVML, one info line says so; the GPU metrics are then not sent to the
 loggers and are ``None`` in :attr:`PerfMonitor.history` and in the JSON summary.
 """
@@ -301,13 +306,17 @@ class PerfMonitor(pl.Callback):
         self._info = {"gpu_available": self._cuda_device is not None,
                       "gpu_util_available": self._sampler is not None, "gpu_name": gpu_name,
                       "device": str(device), "world_size": trainer.world_size,
-                      "cores": len(self._cpus)}
+                      "cores": len(self._cpus),
+                      # the DataModule's prepare_data / setup seconds (LMDBDataModule.timings), before any epoch
+                      "setup": {k: float(v) for k, v in (getattr(trainer.datamodule, "timings", None) or {}).items()}}
         self._wrap_profiler(trainer.profiler)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._shutdown()
         if self.verbose and trainer.is_global_zero and self.history:
-            print(self.format_table())
+            setup = self._info.get("setup") or {}
+            before = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in setup.items())
+            print(self.format_table() + (f"\nbefore epoch 0: {before}" if before else ""))
         self._write_summary(trainer, completed=True)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -511,6 +520,7 @@ class PerfMonitor(pl.Callback):
                 "gpu_name": self._info.get("gpu_name"), "device": self._info.get("device"),
                 "world_size": self._info.get("world_size", 1), "cores": self._info.get("cores", len(self._cpus)),
                 "data_wait_method": self._info.get("data_wait_method"),
+                "setup": dict(self._info.get("setup") or {}),
                 "gpu_sample_interval_s": self.gpu_sample_interval_s, "meta": self.meta,
                 "epochs": [dict(r) for r in self.history]}
 

@@ -132,6 +132,10 @@ class Stat:
         return text if self.n < 2 else f"{text} ± {fmt.format(self.spread * scale)}"
 
 
+#: Seconds before the first epoch, from the DataModule's timings (label, key in the summary's ``setup``).
+_SETUP_ROWS = (("prepare_data s (build / stale-check scan)", "prepare_s"), ("setup s (raw: scan; lmdb: open)", "setup_s"))
+
+
 def _run_value(summary: dict[str, Any], key: str, warm: bool) -> float | None:
     """One run's figure: epoch 0 (``warm=False``) or the mean of its later epochs."""
     epochs = summary["epochs"][1:] if warm else summary["epochs"][:1]
@@ -225,6 +229,10 @@ def comparison_table(summaries: Sequence[dict[str, Any]]) -> str:
     later = "cache evicted each epoch" if evicted else "warm"
     header = ["", *grouped]
     rows: list[list[str]] = [["runs (median ± spread)", *map(str, runs_per_arm)]]
+    for name, key in _SETUP_ROWS:
+        stats = [Stat.of([float(r["setup"][key]) for r in runs if key in (r.get("setup") or {})]) for runs in grouped.values()]
+        if any(s is not None for s in stats):
+            rows.append([name, *("n/a" if s is None else s.format("{:.2f}") for s in stats)])
     phases = [(False, "epoch 0 (cold)")] + ([(True, f"epochs 1+ ({later}, mean of {warm_n} per run)")] if warm_n else [])
     for warm, title in phases:
         rows.append([title] + [""] * len(grouped))
