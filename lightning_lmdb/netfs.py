@@ -18,14 +18,16 @@ How it behaves, and why:
   NFS serves many requests in flight. One exception, the kernel's: the *first* lookup of each name in
   a folder is made one at a time (later ones, which revalidate it, are parallel) -- a folder's scan
   pays it once. A ``bandwidth_mb_s`` cap is one token bucket for the mount.
-* **Like NFS's close-to-open consistency**: directory entries are never cached (``entry_timeout=0``:
-  every path lookup is a round trip), attributes for 1 s (``attr_timeout=1``, NFS caches them for
-  3-60 s), file contents are kept (``kernel_cache``; ``cache_contents=False`` drops a file's cached
-  pages at every open, for data larger than RAM). Opening and reading a small file costs 3 requests
-  the first time (lookup, open, read) and 2 after (lookup, open), about what an NFS client pays
-  (NFSv4: OPEN + READ + CLOSE; NFSv3: LOOKUP + GETATTR + READ). Reads arrive in the kernel's FUSE
-  request size (128 KB, page-cache readahead included), so a memory-mapped database pays one round
-  trip per page fault's readahead window.
+* **Like NFS's close-to-open consistency**: names and attributes are trusted for 1 s
+  (``entry_timeout=1``, ``attr_timeout=1``; an NFS client trusts them 3-60 s), so a file opened
+  again an epoch later pays its round trips again, while the folders on every path are looked up
+  once a second, not per file. File contents are kept (``kernel_cache``; ``cache_contents=False``
+  drops a file's cached pages at every open, for data larger than RAM). Opening and reading a small
+  file then costs 3 round trips the first time (lookup, open, read) and 2 after (lookup, open), what
+  an NFSv4 client pays without delegations (OPEN + READ + CLOSE, then OPEN + CLOSE; NFSv3: LOOKUP,
+  GETATTR, ACCESS, READ, then GETATTR). Releasing a file is a request too, without the latency.
+  Reads arrive in the kernel's FUSE request size (128 KB, page-cache readahead included), so a
+  memory-mapped database pays one round trip per page fault's readahead window.
 * **The cost is the latency, not this machine's CPU**: a request at 0 ms costs about 0.2 ms of the
   server's time, and a sleep of 0.5 ms about 0.6 ms. The server shares the cores with the loader, so
   on a machine with few cores a CPU-bound loader slows the mount's answers too.
@@ -66,8 +68,8 @@ _MOUNT_TIMEOUT_S = 15.0
 #: libfuse's FUSE_CAP_PARALLEL_DIROPS: lookups in one folder run in parallel (as on NFS), not one at a time.
 _PARALLEL_DIROPS = 1 << 18
 _UNMOUNT_TIMEOUT_S = 10.0
-#: How long the kernel trusts a file's attributes (an open within it needs no getattr round trip).
-ATTR_TIMEOUT_S = 1.0
+#: How long the kernel trusts a name's lookup and a file's attributes (then asks again: a round trip).
+CACHE_TIMEOUT_S = 1.0
 
 
 class NetfsError(RuntimeError):
@@ -198,7 +200,8 @@ def serve(source: str, mountpoint: str, *, latency_ms: float, jitter_ms: float =
 
     delay = _Delay(latency_ms / 1e3, jitter_ms / 1e3, None if bandwidth_mb_s is None else bandwidth_mb_s * 1e6)
     mfusepy.FUSE(_operations(os.path.abspath(source), delay), mountpoint, foreground=True, nothreads=False, ro=True,
-                 default_permissions=True, kernel_cache=cache_contents, attr_timeout=ATTR_TIMEOUT_S, entry_timeout=0, negative_timeout=0,
+                 default_permissions=True, kernel_cache=cache_contents, attr_timeout=CACHE_TIMEOUT_S, entry_timeout=CACHE_TIMEOUT_S,
+                 negative_timeout=0,
                  max_threads=max_threads, fsname="lightning-lmdb-netfs", subtype="netfs")
 
 

@@ -73,6 +73,25 @@ def test_noop_model_trains_steps_and_changes_nothing(dtype: torch.dtype) -> None
     assert model.training_step(images[:2], 0).item() == 0.0  # a bare tensor batch works too
 
 
+def test_noop_model_leaves_the_cpu_to_the_loader_while_it_trains() -> None:
+    seen = []
+
+    class Watch(pl.Callback):
+        def on_train_batch_start(self, *args: object) -> None:
+            seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        loader = DataLoader(TensorDataset(torch.zeros(4, 3, 8, 8), torch.zeros(4)), batch_size=2)
+        trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[Watch()])
+        trainer.fit(NoOpModel(2), loader)
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 # --- the dataset side ----------------------------------------------------------------------------------
 
 
