@@ -15,6 +15,10 @@ each in two regimes:
   (see :mod:`lightning_lmdb.cache`), which flatters raw files.
 * ``warm``: a second pass right after the cold one, everything cached.
 
+With ``latency_ms`` every storage is read through a latency mount (:mod:`lightning_lmdb.netfs`, emulated
+network storage: each lookup, open and read is a round trip); a cold pass then also starts from a fresh
+mount, as a fresh client would, and a warm one still pays each file's lookup and open.
+
 Each repetition runs every storage once, cold then warm, and rotates the storage order so no storage
 always goes first or last; the reported time is the median over repetitions. Opening the database
 (which reads its metadata) is not timed: a loader does it once per process, not per sample.
@@ -22,11 +26,14 @@ always goes first or last; the reported time is the median over repetitions. Ope
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import shutil
 import statistics
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +63,7 @@ def run_read_benchmark(
     decode: bool = False,
     seed: int = 0,
     decoder: str = "pil",
+    latency_ms: float | None = None,
     out: Callable[[str], Any] = print,
 ) -> list[dict[str, Any]]:
     """Measure shuffled reads of raw files and of the LMDB file, cold and warm, and print a table.
@@ -72,6 +80,7 @@ def run_read_benchmark(
             decoder), the realistic per-sample cost.
         seed: Seed of the shuffled order.
         decoder: With ``decode``: ``"pil"`` (``ImageFolder``'s), ``"torchcodec"``, ``"opencv"`` or ``"auto"``.
+        latency_ms: Read through a latency mount adding this per request (``None``: straight from the disk).
         out: Where the table and warnings go (``print`` by default).
 
     Returns:
@@ -121,10 +130,11 @@ def run_read_benchmark(
                     f"{'a sampled source file' if readahead is None else target.name} still cached "
                     "(tmpfs or a filesystem ignoring fadvise, or another process maps it); its cold numbers are warm."
                 )
-            for regime in REGIMES:
-                seconds, size = _pass(name, readahead, files, target, order, storage, decoder if decode else None)
-                times[name, regime].append(seconds)
-                nbytes[name] = size
+            with _served(source_root, target, files, readahead is None, latency_ms) as (served_files, served_target):
+                for regime in REGIMES:
+                    seconds, size = _pass(name, readahead, served_files, served_target, order, storage, decoder if decode else None)
+                    times[name, regime].append(seconds)
+                    nbytes[name] = size
 
     rows = []
     for regime in REGIMES:
@@ -145,8 +155,28 @@ def run_read_benchmark(
                 "evicted": max(resident[name]) <= EVICTED_MAX if regime == "cold" else None,
                 "pass_seconds": times[name, regime],
             })
-    _print_table(rows, out, meta=meta, target=target, passes=passes, decode=decoder if decode else None, storage=storage)
+    _print_table(rows, out, meta=meta, target=target, passes=passes, decode=decoder if decode else None, storage=storage,
+                 latency_ms=latency_ms)
     return rows
+
+
+@contextlib.contextmanager
+def _served(source: Path, target: Path, files: list[str], raw: bool, latency_ms: float | None) -> Iterator[tuple[list[str], Path]]:
+    """``(files, target)`` as a pass reads them: as they are, or through a fresh latency mount of their folder."""
+    if latency_ms is None:
+        yield files, target
+        return
+    from lightning_lmdb import netfs
+
+    where = Path(tempfile.mkdtemp(prefix="lightning-lmdb-bench-"))
+    try:
+        with netfs.mount(source if raw else target.parent, where / "mnt", latency_ms=latency_ms) as mounted:
+            if raw:
+                yield [str(mounted.path / Path(f).relative_to(source)) for f in files], target
+            else:
+                yield files, mounted.path / target.name
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _existing_storage(target: Path) -> str:
@@ -195,7 +225,7 @@ def _pass(
 
 def _print_table(
     rows: list[dict[str, Any]], out: Callable[[str], Any], *, meta: fmt.Metadata, target: Path, passes: int, decode: str | None,
-    storage: str,
+    storage: str, latency_ms: float | None = None,
 ) -> None:
     src_mb = meta.source.bytes / 1e6
     db_mb = target.stat().st_size / 1e6
@@ -205,6 +235,7 @@ def _print_table(
         f"{rows[0]['samples']} of {meta.count} records, shuffled; {work}; {storage} storage; "
         f"source {src_mb:.1f} MB, database {db_mb:.1f} MB; median of {passes} pass(es); "
         f"device read_ahead_kb={'?' if ra_kb is None else ra_kb}"
+        + (f"; through a latency mount, {latency_ms:g} ms per request (cold: a fresh mount)" if latency_ms is not None else "")
     )
     out(f"{'storage':<19} {'regime':<5} {'samples/s':>10} {'MB/s':>8} {'vs raw':>7} {'cached':>7}")
     for r in rows:

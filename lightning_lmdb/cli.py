@@ -130,7 +130,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     run_read_benchmark(
         args.source, args.target, passes=args.passes, limit=args.limit, workers=args.workers, decode=args.decode, seed=args.seed,
-        decoder=args.decoder,
+        decoder=args.decoder, latency_ms=args.latency_ms,
     )
     return 0
 
@@ -204,6 +204,8 @@ def make_parser() -> argparse.ArgumentParser:
     bench.add_argument("--decode", action="store_true", help="also decode every sample to RGB")
     bench.add_argument("--decoder", choices=DECODERS, default="pil", help="with --decode: the decoder (default: pil, ImageFolder's)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the shuffled order")
+    bench.add_argument("--latency-ms", type=float, default=None,
+                       help="read through a latency mount adding this per request (emulated network storage; needs FUSE)")
     bench.set_defaults(func=_bench)
 
     netfs = sub.add_parser("netfs", help="serve SOURCE read-only at MOUNTPOINT with a latency per request (emulated network storage)")

@@ -29,6 +29,7 @@ from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.format import DatabaseError
 from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
 from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler
+from lightning_lmdb.staging import stage, staged_path
 from lightning_lmdb.transforms import ResizedCrop
 from lightning_lmdb.writer import available_cores, build_lmdb, find_bad_files
 
@@ -139,11 +140,16 @@ class LMDBDataModule(pl.LightningDataModule):
             (:mod:`lightning_lmdb.netfs`, needs FUSE) at stable points in ``<cache_dir>.netfs/`` (a database's
             cache key hashes the real folder, so nothing is rebuilt because of them); they are unmounted when the
             process exits. With ``cold_cache`` the mounts keep no file contents cached either. ``None``: off.
+        local_cache_dir: A folder on each node's local disk: ``prepare_data`` copies each database there after
+            building it (once per node; checked block by block against the source, resumed after a kill, skipped
+            when the copy is current: :mod:`lightning_lmdb.staging`) and the loaders read the copy, not the
+            shared or network storage of ``cache_dir``. ``None``: read the databases where they are built.
 
     Attributes:
         timings: Seconds spent in ``prepare_data`` (``prepare_s``: the builds, or a stale check's scan of each
-            folder) and ``setup`` (``setup_s``: the raw backend's scan, the LMDB backend's opening of its databases),
-            for the last call of each; mounting is not counted.
+            folder; ``stage_s``: copying the databases to ``local_cache_dir``) and ``setup`` (``setup_s``: the raw
+            backend's scan, the LMDB backend's opening of its databases), for the last call of each; mounting is not
+            counted.
 
     Raises:
         ValueError: A choice that is not one of its valid values, or an out-of-range number (named, with the
@@ -189,6 +195,7 @@ class LMDBDataModule(pl.LightningDataModule):
         shared_filesystem: bool = False,
         cold_cache: bool = False,
         netfs_latency_ms: float | None = None,
+        local_cache_dir: str | os.PathLike[str] | None = None,
     ):
         super().__init__()
         choices: tuple[tuple[str, Any, tuple[str | None, ...]], ...] = (
@@ -209,7 +216,8 @@ class LMDBDataModule(pl.LightningDataModule):
         if train_dir is None and val_dir is None and test_dir is None:
             raise ValueError("No data: pass train_dir (and val_dir / test_dir or val_fraction).")
         # hyper-parameters are plain values: a Path would not load with torch.load(weights_only=True)
-        train_dir, val_dir, test_dir, cache_dir = (None if d is None else os.fspath(d) for d in (train_dir, val_dir, test_dir, cache_dir))
+        train_dir, val_dir, test_dir, cache_dir, local_cache_dir = (
+            None if d is None else os.fspath(d) for d in (train_dir, val_dir, test_dir, cache_dir, local_cache_dir))
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.save_hyperparameters(ignore=["train_transform", "eval_transform"])
         given_dirs = (train_dir, val_dir, test_dir)
@@ -270,6 +278,7 @@ class LMDBDataModule(pl.LightningDataModule):
                                  "to read the files directly.")
             netfs.check_available()  # says what to install
         self.netfs_latency_ms = netfs_latency_ms
+        self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
         self._mounted: dict[Path, Path] = {}  # mount point -> the folder it serves
         self.timings: dict[str, float] = {}
         self.datasets: dict[str, _ImageDataset] = {}
@@ -302,6 +311,12 @@ class LMDBDataModule(pl.LightningDataModule):
             return database
         return self._through_netfs(database.parent.resolve(), "databases") / database.name
 
+    def _reading_path(self, split: str) -> Path:
+        """The database file the loaders of ``split`` read: its staged local copy, or :meth:`served_database_path`."""
+        if self.local_cache_dir is not None:
+            return staged_path(self.database_path(split), self.local_cache_dir)
+        return self.served_database_path(split)
+
     def _through_netfs(self, folder: Path, name: str) -> Path:
         """``folder`` served at its stable mount point (mounted on first use; the same server for every module in this process)."""
         if self.netfs_latency_ms is None:
@@ -328,12 +343,20 @@ class LMDBDataModule(pl.LightningDataModule):
         for split, source in sources.items():
             build_lmdb(source, self.database_path(split), self.build_options)
         self.timings["prepare_s"] = time.perf_counter() - started
+        if self.local_cache_dir is not None:
+            served = {split: self.served_database_path(split) for split in sources}
+            started = time.perf_counter()
+            for database in served.values():
+                report = stage(database, self.local_cache_dir)
+                rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
+                               f"{report.seconds:.1f} s)")
+            self.timings["stage_s"] = time.perf_counter() - started
 
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
         _silence_the_both_hooks_warning()
         for split, folder in self.dirs.items():  # mount first: mounting is not what setup_s measures
-            if folder is not None and self.backend == "lmdb":
+            if folder is not None and self.backend == "lmdb" and self.local_cache_dir is None:
                 self.served_database_path(split)
             elif folder is not None:
                 self.source_path(split)
@@ -367,7 +390,7 @@ class LMDBDataModule(pl.LightningDataModule):
 
     def _open(self, split: str) -> _ImageDataset:
         if self.backend == "lmdb":
-            return LMDBImageDataset(self.served_database_path(split), readahead=self.readahead)
+            return LMDBImageDataset(self._reading_path(split), readahead=self.readahead)
         return self._open_raw(split)
 
     def _open_raw(self, split: str) -> RawImageDataset:
@@ -428,7 +451,7 @@ class LMDBDataModule(pl.LightningDataModule):
     def cached_files(self) -> list[str]:
         """The files a cold-cache epoch evicts: the databases, or every raw image file."""
         if self.backend == "lmdb":
-            return [str(p) for p in self.database_paths()]
+            return [self._real(self._reading_path(s)) for s, d in self.dirs.items() if d is not None]
         raw = {d.root: d for d in self.datasets.values() if isinstance(d, RawImageDataset)}
         return [self._real(path) for dataset in raw.values() for path in dataset.files()]
 

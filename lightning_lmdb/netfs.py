@@ -29,8 +29,9 @@ How it behaves, and why:
   Reads arrive in the kernel's FUSE request size (128 KB, page-cache readahead included), so a
   memory-mapped database pays one round trip per page fault's readahead window.
 * **The cost is the latency, not this machine's CPU**: a request at 0 ms costs about 0.2 ms of the
-  server's time, and a sleep of 0.5 ms about 0.6 ms. The server shares the cores with the loader, so
-  on a machine with few cores a CPU-bound loader slows the mount's answers too.
+  server's time, and a sleep of 0.5 ms about 0.6 ms. The server shares the cores with the loader; it
+  raises its own priority (``nice -10``, where allowed: as root) so that busy loader workers do not
+  delay its answers -- otherwise, on a machine with few cores, a CPU-bound loader slows the mount too.
 * **The server runs in its own process** (``python -m lightning_lmdb.netfs serve ...``, a session of
   its own): DataLoader workers forked later neither inherit nor stall it. Leaving the ``with`` block
   -- normally, by an exception or Ctrl-C -- or the process's exit unmounts it (``fusermount3 -u``,
@@ -68,6 +69,8 @@ _MOUNT_TIMEOUT_S = 15.0
 #: libfuse's FUSE_CAP_PARALLEL_DIROPS: lookups in one folder run in parallel (as on NFS), not one at a time.
 _PARALLEL_DIROPS = 1 << 18
 _UNMOUNT_TIMEOUT_S = 10.0
+#: The server's scheduling priority where allowed (root): a busy loader must not delay its answers past the latency.
+_SERVER_NICE = -10
 #: How long the kernel trusts a name's lookup and a file's attributes (then asks again: a round trip).
 CACHE_TIMEOUT_S = 1.0
 
@@ -199,6 +202,8 @@ def serve(source: str, mountpoint: str, *, latency_ms: float, jitter_ms: float =
     import mfusepy
 
     delay = _Delay(latency_ms / 1e3, jitter_ms / 1e3, None if bandwidth_mb_s is None else bandwidth_mb_s * 1e6)
+    with contextlib.suppress(OSError):  # answers from another machine do not wait for this one's busy cores (root may raise it)
+        os.setpriority(os.PRIO_PROCESS, 0, _SERVER_NICE)
     mfusepy.FUSE(_operations(os.path.abspath(source), delay), mountpoint, foreground=True, nothreads=False, ro=True,
                  default_permissions=True, kernel_cache=cache_contents, attr_timeout=CACHE_TIMEOUT_S, entry_timeout=CACHE_TIMEOUT_S,
                  negative_timeout=0,

@@ -82,3 +82,21 @@ def test_peers_benchmark_runs_every_kind_of_row(tmp_path: Path) -> None:
         assert cold > 0 and warm > 0, line
     assert "| ImageFolder (PIL) |" in table and "| auto, decode_size 73 |" in table, "the ceilings of the measured decoders"
     assert "reduced-size decoding" in table and (out / "peers.png").stat().st_size > 10_000
+    from lightning_lmdb import netfs
+
+    try:
+        netfs.check_available()
+    except netfs.NetfsUnavailableError:
+        return
+    done = subprocess.run([sys.executable, str(script), "--photos", "0", "--pngs", "24", "--rounds", "1", "--dir", str(tmp_path),
+                           "--out", str(out), "--latency-ms", "0", "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (out / "peers_netfs.md").read_text().splitlines()
+    table_rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
+    rows = {(cells[0].strip("*"), float(cells[1])): cells for cells in table_rows if cells[1][:1].isdigit()}
+    for row in ("ImageFolder (PIL)", "LitData (torchvision.io)", "lmdb auto, decode_size (default)", "raw files, auto, decode_size"):
+        for ms in (0.0, 2.0):
+            cells = rows[row, ms]
+            assert float(cells[3]) > 0 and float(cells[5]) > 0, cells
+    assert float(rows["raw files, auto, decode_size", 2.0][2]) >= 24 * 2e-3, "its scan stats every file: a round trip each"
+    assert any("copies its chunks to a local cache" in line for line in lines)

@@ -184,3 +184,30 @@ def test_refused_clearly_without_fuse(tmp_path: Path, monkeypatch: pytest.Monkey
     from lightning_lmdb.cli import main
 
     assert main(["netfs", str(tmp_path), str(tmp_path / "mnt")]) == 2
+
+
+@needs_fuse
+def test_read_benchmark_through_the_mount(tmp_path: Path) -> None:
+    from lightning_lmdb.bench import run_read_benchmark
+
+    source = make_jpegs(tmp_path / "src", 10, size=16)
+    lines: list[str] = []
+    rows = run_read_benchmark(source, tmp_path / "db" / "bench.lmdb", passes=1, workers=0, latency_ms=5, out=lines.append)
+    raw_cold = next(r for r in rows if r["storage"] == "raw" and r["regime"] == "cold")
+    assert raw_cold["seconds"] >= 10 * 3 * 5e-3, "a fresh mount: each file's lookup, open and read are round trips"
+    assert {r["storage"] for r in rows} == {"raw", "lmdb readahead=on", "lmdb readahead=off"}
+    assert "through a latency mount, 5 ms per request" in lines[0]
+    assert not list(tmp_path.glob("*/mnt")), "its mounts are gone"
+
+
+@needs_fuse
+def test_datamodule_stages_through_the_mount_and_reads_the_local_copy(tmp_path: Path) -> None:
+    source = make_folder(tmp_path / "images", per_class=4)
+    datamodule = LMDBDataModule(source, cache_dir=tmp_path / "shared", netfs_latency_ms=1, local_cache_dir=tmp_path / "local",
+                                image_size=16, batch_size=64, num_workers=0, build_workers=0, val_fraction=0)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    copy = tmp_path / "local" / datamodule.database_path("train").name
+    assert Path(datamodule.datasets["train"].path) == copy and copy.read_bytes() == datamodule.database_path("train").read_bytes()
+    assert datamodule.timings["stage_s"] > 0 and len(datamodule.datasets["train"]) == 12
+    close_environments()

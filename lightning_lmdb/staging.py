@@ -1,0 +1,248 @@
+"""Stage a database to node-local disk: copied once per node from shared or network storage, checked, resumable.
+
+A database on network storage is read from there every epoch: each page fault a round trip. Training
+reads it from a local copy instead (``LMDBDataModule(local_cache_dir=...)``, or :func:`stage`):
+
+* **Checked**: the source is hashed block by block (SHA-256 of each ``block_size`` bytes) while it is
+  copied; the copy is then written to disk (``fsync``), dropped from the page cache and read back, and
+  every block's digest must equal the source's. LMDB files are not byte-identical between two builds
+  of the same folder, so the copy is compared with the file it was copied from, never with another build.
+* **Resumable**: the copy grows in ``<name>.staging`` beside a record of the blocks done so far
+  (``<name>.staging.json``, written after each block is on disk). A copy killed midway continues from
+  its last complete block -- after those blocks are re-read and found equal to the record -- as long
+  as the source is still the same file (size, mtime and build id).
+* **Skipped when current**: a finished copy keeps its record (``<name>.staged.json``); staging again
+  only compares the source's identity with it and the copy's size (no byte is read).
+* **Once per node**: a file lock (``<name>.staging.lock``) makes concurrent callers wait for one copy.
+
+No pickle: the records are JSON.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning_lmdb.envs import load_meta
+
+#: Bytes hashed (and recorded as done) at a time.
+DEFAULT_BLOCK_SIZE = 64 << 20
+_READ_SIZE = 1 << 20
+_RECORD_FORMAT = 1
+#: Test hook: ``LIGHTNING_LMDB_TEST_STAGE_KILL_AFTER=N`` kills the process once N blocks are recorded.
+FAULT_ENV = "LIGHTNING_LMDB_TEST_STAGE_KILL_AFTER"
+
+
+class StagingError(RuntimeError):
+    """A staged copy did not read back equal to its source (the message names the file and the block)."""
+
+
+@dataclass
+class StageReport:
+    """What :func:`stage` did.
+
+    Attributes:
+        path: The local copy.
+        action: ``"copied"``, ``"resumed"`` (a killed copy continued) or ``"up-to-date"`` (nothing copied).
+        bytes_copied: Bytes read from the source by this call.
+        seconds: Wall time of this call, the check included.
+    """
+
+    path: Path
+    action: str
+    bytes_copied: int
+    seconds: float
+
+
+@dataclass
+class _Identity:
+    source: str
+    size: int
+    mtime_ns: int
+    build_id: str | None
+
+    @classmethod
+    def of(cls, source: Path) -> _Identity:
+        st = source.stat()
+        return cls(str(source), st.st_size, st.st_mtime_ns, load_meta(source).build_id)
+
+
+def staged_path(source: str | os.PathLike[str], local_dir: str | os.PathLike[str]) -> Path:
+    """Where :func:`stage` puts the copy of ``source``: ``local_dir/<source file name>``."""
+    return Path(local_dir).expanduser() / Path(source).name
+
+
+def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, block_size: int = DEFAULT_BLOCK_SIZE) -> StageReport:
+    """Copy the database ``source`` to ``local_dir`` (or keep the copy already there), checked block by block.
+
+    Args:
+        source: A finished database file (on shared or network storage).
+        local_dir: A folder on the node's local disk (created if missing).
+        block_size: Bytes per hashed block (what a resumed copy redoes at most).
+
+    Returns:
+        A :class:`StageReport`; its ``path`` is the copy to read.
+
+    Raises:
+        FileNotFoundError: No database at ``source``.
+        DatabaseError: ``source`` is not a finished, valid database.
+        StagingError: The copy read back differently from the source (it is deleted; the message says which block).
+        ValueError: ``local_dir`` is where ``source`` already is, or ``block_size`` < 1.
+    """
+    started = time.perf_counter()
+    source = Path(source).expanduser().absolute()
+    target = staged_path(source, local_dir)
+    if block_size < 1:
+        raise ValueError(f"block_size={block_size} must be >= 1 byte.")
+    if target.parent.resolve() == source.parent.resolve():
+        raise ValueError(f"local_dir {str(target.parent)!r} holds the database {str(source)!r} itself; stage it to another folder.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.with_name(target.name + ".staging.lock")):
+        identity = _Identity.of(source)
+        done = target.with_name(target.name + ".staged.json")
+        if target.exists() and _read_record(done).get("identity") == asdict(identity) and target.stat().st_size == identity.size:
+            return StageReport(target, "up-to-date", 0, time.perf_counter() - started)
+        partial = target.with_name(target.name + ".staging")
+        progress = target.with_name(target.name + ".staging.json")
+        digests = _resumable_blocks(partial, progress, identity, block_size)
+        action = "resumed" if digests else "copied"
+        copied = _copy(source, partial, progress, identity, block_size, digests)
+        _check(partial, digests, block_size, source)
+        for stale in (done, target):
+            with suppress(FileNotFoundError):
+                stale.unlink()
+        os.replace(partial, target)
+        _write_record(done, {"format": _RECORD_FORMAT, "identity": asdict(identity), "block_size": block_size, "blocks": digests})
+        progress.unlink()
+        _fsync_dir(target.parent)
+    return StageReport(target, action, copied, time.perf_counter() - started)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return record if isinstance(record, dict) and record.get("format") == _RECORD_FORMAT else {}
+
+
+def _write_record(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _resumable_blocks(partial: Path, progress: Path, identity: _Identity, block_size: int) -> list[str]:
+    """The digests of the blocks a killed copy of the same source finished, re-read and found intact (else none)."""
+    record = _read_record(progress)
+    if record.get("identity") != asdict(identity) or record.get("block_size") != block_size or not partial.exists():
+        return []
+    digests = [d for d in record.get("blocks", []) if isinstance(d, str)]
+    good = []
+    with open(partial, "rb") as handle:
+        for digest in digests:
+            block = _hash_block(handle, block_size)
+            if block is None or block[0] != digest:
+                break
+            good.append(digest)
+    return good
+
+
+def _hash_block(handle: Any, block_size: int) -> tuple[str, int] | None:
+    """(SHA-256 hex, bytes) of the next ``block_size`` bytes of ``handle`` (fewer at the end; ``None`` at end of file)."""
+    digest, left = hashlib.sha256(), block_size
+    while left:
+        data = handle.read(min(_READ_SIZE, left))
+        if not data:
+            break
+        digest.update(data)
+        left -= len(data)
+    return None if left == block_size else (digest.hexdigest(), block_size - left)
+
+
+def _copy(source: Path, partial: Path, progress: Path, identity: _Identity, block_size: int, digests: list[str]) -> int:
+    """Append the source's blocks after the ``digests`` already done to ``partial``, recording each; return the bytes copied."""
+    start = len(digests) * block_size
+    kill_after = int(os.environ.get(FAULT_ENV, "0") or 0)
+    copied = 0
+    with open(source, "rb") as src, open(partial, "r+b" if partial.exists() else "wb") as dst:
+        src.seek(start)
+        dst.seek(start)
+        dst.truncate(start)
+        while True:
+            digest, left = hashlib.sha256(), block_size
+            while left:
+                data = src.read(min(_READ_SIZE, left))
+                if not data:
+                    break
+                digest.update(data)
+                dst.write(data)
+                left -= len(data)
+            if left == block_size:
+                break
+            copied += block_size - left
+            dst.flush()
+            os.fsync(dst.fileno())
+            digests.append(digest.hexdigest())
+            _write_record(progress, {"format": _RECORD_FORMAT, "identity": asdict(identity), "block_size": block_size,
+                                     "blocks": digests})
+            if kill_after and len(digests) >= kill_after:
+                os._exit(17)
+            if left:
+                break
+    if source.stat().st_size != identity.size or source.stat().st_mtime_ns != identity.mtime_ns:
+        partial.unlink()
+        progress.unlink()
+        raise StagingError(f"{str(source)!r} changed while it was staged; stage it again (a rebuild replaces the file).")
+    return copied
+
+
+def _check(partial: Path, digests: list[str], block_size: int, source: Path) -> None:
+    """Read the copy back from the disk (its pages dropped first) and compare every block with the source's digest."""
+    index = 0
+    with open(partial, "rb") as handle:
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        while index < len(digests):
+            block = _hash_block(handle, block_size)
+            if block is None or block[0] != digests[index]:
+                break
+            index += 1
+        else:
+            if handle.read(1) == b"":
+                return
+    partial.unlink()
+    partial.with_name(partial.name + ".json").unlink(missing_ok=True)
+    raise StagingError(
+        f"The staged copy {str(partial)!r} of {str(source)!r} read back differently from the source at block {index} "
+        f"(bytes {index * block_size}-{(index + 1) * block_size - 1}); it was deleted. Check the local disk "
+        "(dmesg, smartctl) and stage again."
+    )
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
