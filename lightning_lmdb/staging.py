@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_lmdb.envs import load_meta
+from lightning_lmdb.writer import _fsync_dir
 
 #: Bytes hashed (and recorded as done) at a time.
 DEFAULT_BLOCK_SIZE = 64 << 20
@@ -169,14 +170,19 @@ def _resumable_blocks(partial: Path, progress: Path, identity: _Identity, block_
     return good
 
 
-def _hash_block(handle: Any, block_size: int) -> tuple[str, int] | None:
-    """(SHA-256 hex, bytes) of the next ``block_size`` bytes of ``handle`` (fewer at the end; ``None`` at end of file)."""
+def _hash_block(handle: Any, block_size: int, copy_to: Any = None) -> tuple[str, int] | None:
+    """(SHA-256 hex, bytes) of the next ``block_size`` bytes of ``handle`` (fewer at the end; ``None`` at end of file).
+
+    With ``copy_to`` (a binary file), the bytes are also written there.
+    """
     digest, left = hashlib.sha256(), block_size
     while left:
         data = handle.read(min(_READ_SIZE, left))
         if not data:
             break
         digest.update(data)
+        if copy_to is not None:
+            copy_to.write(data)
         left -= len(data)
     return None if left == block_size else (digest.hexdigest(), block_size - left)
 
@@ -190,27 +196,15 @@ def _copy(source: Path, partial: Path, progress: Path, identity: _Identity, bloc
         src.seek(start)
         dst.seek(start)
         dst.truncate(start)
-        while True:
-            digest, left = hashlib.sha256(), block_size
-            while left:
-                data = src.read(min(_READ_SIZE, left))
-                if not data:
-                    break
-                digest.update(data)
-                dst.write(data)
-                left -= len(data)
-            if left == block_size:
-                break
-            copied += block_size - left
+        while (block := _hash_block(src, block_size, copy_to=dst)) is not None:
+            copied += block[1]
             dst.flush()
             os.fsync(dst.fileno())
-            digests.append(digest.hexdigest())
+            digests.append(block[0])
             _write_record(progress, {"format": _RECORD_FORMAT, "identity": asdict(identity), "block_size": block_size,
                                      "blocks": digests})
             if kill_after and len(digests) >= kill_after:
                 os._exit(17)
-            if left:
-                break
     if source.stat().st_size != identity.size or source.stat().st_mtime_ns != identity.mtime_ns:
         partial.unlink()
         progress.unlink()
@@ -238,11 +232,3 @@ def _check(partial: Path, digests: list[str], block_size: int, source: Path) -> 
         f"(bytes {index * block_size}-{(index + 1) * block_size - 1}); it was deleted. Check the local disk "
         "(dmesg, smartctl) and stage again."
     )
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
