@@ -4,6 +4,7 @@ Usage:
     pip install -e ".[bench]"
     python benchmarks/peers.py                       # 10,000 ImageNet-like JPEGs and 5,000 mixed-mode PNGs
     python benchmarks/peers.py --photos 2000 --pngs 1000 --rounds 1  # a quick look
+    python benchmarks/peers.py --photos 0 --pngs 5000 --rounds 3 --latency-ms 0 0.5 2   # on emulated network storage
 
 No photo corpus can be downloaded here, so both folders are generated (``benchmarks/common.py``): 256-500 px
 photo-like JPEGs of 30-110 KB, and 48-256 px icon-like PNGs in RGBA, RGB, grey, grey + alpha, palette
@@ -33,6 +34,12 @@ of a memory-mapped database. The **decode-only ceiling** of a decoder is 2 proce
 transforming record bytes already in memory: what the loader would reach with no loader at all.
 
 It writes ``peers.md`` (the tables) and ``peers.png`` (the chart) into ``--out``, and prints the tables.
+
+``--latency-ms`` instead runs ImageFolder, LitData, lightning_lmdb's default path and the raw files through
+a latency mount (:mod:`lightning_lmdb.netfs`) of each value: every store is read through a fresh mount of its
+folder (cold: nothing cached on the client, the disk's copies evicted), the dataset's construction is timed
+apart (``setup``: ImageFolder's scan, the database's open), and LitData's chunk copy to a local cache (what it
+does for remote storage) is timed on a fresh mount too. It writes ``peers_netfs.md`` and ``peers_netfs.json``.
 """
 
 from __future__ import annotations
