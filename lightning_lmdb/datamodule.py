@@ -321,6 +321,11 @@ class LMDBDataModule(pl.LightningDataModule):
         """``folder`` served at its stable mount point (mounted on first use; the same server for every module in this process)."""
         if self.netfs_latency_ms is None:
             return folder
+        world = getattr(self.trainer, "world_size", 1) if self.trainer is not None else 1
+        if world > 1:  # every rank would mount at the same stable points, each replacing the others' mounts
+            raise ValueError(f"netfs_latency_ms={self.netfs_latency_ms} emulates network storage for one process, and this run has "
+                             f"{world}; run it with devices=1 (Hydra: trainer.devices=1), or mount the folders yourself with "
+                             "`lightning-lmdb netfs` and pass the mount points as the folders.")
         key = hashlib.sha256(str(folder).encode("utf-8", "surrogatepass")).hexdigest()[:10]
         root = self.cache_dir.expanduser().absolute()
         mount = netfs.shared_mount(folder, root.parent / f"{root.name}.netfs" / f"{name}-{key}", latency_ms=float(self.netfs_latency_ms),

@@ -211,3 +211,14 @@ def test_datamodule_stages_through_the_mount_and_reads_the_local_copy(tmp_path: 
     assert Path(datamodule.datasets["train"].path) == copy and copy.read_bytes() == datamodule.database_path("train").read_bytes()
     assert datamodule.timings["stage_s"] > 0 and len(datamodule.datasets["train"]) == 12
     close_environments()
+
+
+@needs_fuse
+def test_datamodule_refuses_to_mount_in_a_multi_process_run(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    datamodule = LMDBDataModule(make_folder(tmp_path / "images", per_class=2), cache_dir=tmp_path / "cache", netfs_latency_ms=0.5)
+    datamodule.trainer = SimpleNamespace(world_size=2)
+    with pytest.raises(ValueError, match="emulates network storage for one process, and this run has 2; run it with devices=1"):
+        datamodule.prepare_data()
+    assert not (tmp_path / "cache.netfs").exists()
