@@ -595,11 +595,8 @@ def _mounted_store(store: dict[str, Any], latency_ms: float, mountpoint: Path) -
     real = Path(store["path"])
     folder = real if real.is_dir() else real.parent
     mount = netfs.mount(folder, mountpoint, latency_ms=latency_ms)
-
-    def through(path: str | Path) -> str:
-        return str(mount.path / Path(path).relative_to(folder))
-
-    return {**store, "path": through(real), "files": [through(f) for f in store["files"]], "disk_files": store["files"]}, mount
+    return ({**store, "path": str(mount.through(real)), "files": [str(mount.through(f)) for f in store["files"]],
+             "disk_files": store["files"]}, mount)
 
 
 def _copy_cost(store: dict[str, Any], latency_ms: float, work: Path) -> dict[str, float]:

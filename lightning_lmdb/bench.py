@@ -172,7 +172,7 @@ def _served(source: Path, target: Path, files: list[str], raw: bool, latency_ms:
     try:
         with netfs.mount(source if raw else target.parent, where / "mnt", latency_ms=latency_ms) as mounted:
             if raw:
-                yield [str(mounted.path / Path(f).relative_to(source)) for f in files], target
+                yield [str(mounted.through(f)) for f in files], target
             else:
                 yield files, mounted.path / target.name
     finally:

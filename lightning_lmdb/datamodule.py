@@ -57,6 +57,11 @@ SPLITS = ("train", "val", "test")
 DEFAULT_VAL_FRACTION = 0.1
 
 
+def _on_disk(path: str | os.PathLike[str]) -> str:
+    """``path`` on the disk, for a path through a latency mount (a cold-cache epoch evicts the disk's pages)."""
+    return str(netfs.disk_path(path))
+
+
 def default_cache_dir() -> Path:
     """``$LIGHTNING_LMDB_CACHE``, else ``$XDG_CACHE_HOME/lightning_lmdb``, else ``~/.cache/lightning_lmdb``."""
     if os.environ.get("LIGHTNING_LMDB_CACHE"):
@@ -279,7 +284,6 @@ class LMDBDataModule(pl.LightningDataModule):
             netfs.check_available()  # says what to install
         self.netfs_latency_ms = netfs_latency_ms
         self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
-        self._mounted: dict[Path, Path] = {}  # mount point -> the folder it serves
         self.timings: dict[str, float] = {}
         self.datasets: dict[str, _ImageDataset] = {}
         self._train_loader: ResumableDataLoader | None = None
@@ -327,10 +331,9 @@ class LMDBDataModule(pl.LightningDataModule):
                              f"{world}; run it with devices=1 (Hydra: trainer.devices=1), or mount the folders yourself with "
                              "`lightning-lmdb netfs` and pass the mount points as the folders.")
         key = hashlib.sha256(str(folder).encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        root = self.cache_dir.expanduser().absolute()
+        root = self.cache_dir.absolute()
         mount = netfs.shared_mount(folder, root.parent / f"{root.name}.netfs" / f"{name}-{key}", latency_ms=float(self.netfs_latency_ms),
                                    cache_contents=not self.cold_cache)
-        self._mounted[mount.path] = folder
         return mount.path
 
     def database_paths(self) -> list[Path]:
@@ -349,9 +352,9 @@ class LMDBDataModule(pl.LightningDataModule):
             build_lmdb(source, self.database_path(split), self.build_options)
         self.timings["prepare_s"] = time.perf_counter() - started
         if self.local_cache_dir is not None:
-            served = {split: self.served_database_path(split) for split in sources}
+            served = [self.served_database_path(split) for split in sources]  # mounted before the clock starts
             started = time.perf_counter()
-            for database in served.values():
+            for database in served:
                 report = stage(database, self.local_cache_dir)
                 rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
                                f"{report.seconds:.1f} s)")
@@ -360,11 +363,8 @@ class LMDBDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
         _silence_the_both_hooks_warning()
-        for split, folder in self.dirs.items():  # mount first: mounting is not what setup_s measures
-            if folder is not None and self.backend == "lmdb" and self.local_cache_dir is None:
-                self.served_database_path(split)
-            elif folder is not None:
-                self.source_path(split)
+        for split in (s for s, folder in self.dirs.items() if folder is not None):  # mount first: not part of setup_s
+            (self._reading_path if self.backend == "lmdb" else self.source_path)(split)
         started = time.perf_counter()
         fit = stage in (None, "fit")
         # predict serves the test folder, or the validation data when there is none
@@ -423,7 +423,7 @@ class LMDBDataModule(pl.LightningDataModule):
             log.warning("The raw backend leaves out %d bad files of %s, as a build would:\n%s", len(bad), folder,
                         "\n".join(f"  {s.path}: {s.reason}" for s in bad))
         if self.cold_cache:  # validation read every file: make them cold again
-            cache.evict([self._real(f.path) for f in scan.files], sync=False)
+            cache.evict([_on_disk(f.path) for f in scan.files], sync=False)
         return RawImageDataset(folder, exclude={s.path for s in bad})
 
     @property
@@ -456,17 +456,9 @@ class LMDBDataModule(pl.LightningDataModule):
     def cached_files(self) -> list[str]:
         """The files a cold-cache epoch evicts: the databases, or every raw image file."""
         if self.backend == "lmdb":
-            return [self._real(self._reading_path(s)) for s, d in self.dirs.items() if d is not None]
+            return [_on_disk(self._reading_path(s)) for s, d in self.dirs.items() if d is not None]
         raw = {d.root: d for d in self.datasets.values() if isinstance(d, RawImageDataset)}
-        return [self._real(path) for dataset in raw.values() for path in dataset.files()]
-
-    def _real(self, path: str | os.PathLike[str]) -> str:
-        """``path`` on the disk, for a path through a latency mount (whose own cache keeps nothing with ``cold_cache``)."""
-        path = Path(path)
-        for mount_point, folder in self._mounted.items():
-            if path.is_relative_to(mount_point):
-                return str(folder / path.relative_to(mount_point))
-        return str(path)
+        return [_on_disk(path) for dataset in raw.values() for path in dataset.files()]
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         if split not in self.datasets:

@@ -250,6 +250,10 @@ class Mount:
         with contextlib.suppress(ValueError):
             _LIVE.remove(self)
 
+    def through(self, path: str | os.PathLike[str]) -> Path:
+        """``path`` (under :attr:`source`) as it is reached through this mount."""
+        return self.path / Path(path).relative_to(self.source)
+
     def __enter__(self) -> Mount:
         return self
 
@@ -264,6 +268,15 @@ _LIVE: list[Mount] = []
 def _close_all() -> None:
     for live in list(_LIVE):
         live.close()
+
+
+def disk_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` on the disk when it lies under a live mount of this process (that mount's source), else ``path`` itself."""
+    path = Path(path)
+    for live in _LIVE:
+        if path.is_relative_to(live.path):
+            return live.source / path.relative_to(live.path)
+    return path
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
