@@ -116,12 +116,12 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
         digests = _resumable_blocks(partial, progress, identity, block_size)
         action = "resumed" if digests else "copied"
         copied = _copy(source, partial, progress, identity, block_size, digests)
-        _check(partial, digests, block_size, source)
+        _check(partial, progress, digests, block_size, source)
         for stale in (done, target):
             with suppress(FileNotFoundError):
                 stale.unlink()
         os.replace(partial, target)
-        _write_record(done, {"format": _RECORD_FORMAT, "identity": asdict(identity), "block_size": block_size, "blocks": digests})
+        _write_record(done, _record(identity, block_size, digests))
         progress.unlink()
         _fsync_dir(target.parent)
     return StageReport(target, action, copied, time.perf_counter() - started)
@@ -143,6 +143,11 @@ def _read_record(path: Path) -> dict[str, Any]:
     except (FileNotFoundError, ValueError):
         return {}
     return record if isinstance(record, dict) and record.get("format") == _RECORD_FORMAT else {}
+
+
+def _record(identity: _Identity, block_size: int, digests: list[str]) -> dict[str, Any]:
+    """A copy's record: the source it came from and the SHA-256 of each of its blocks."""
+    return {"format": _RECORD_FORMAT, "identity": asdict(identity), "block_size": block_size, "blocks": digests}
 
 
 def _write_record(path: Path, record: dict[str, Any]) -> None:
@@ -201,18 +206,18 @@ def _copy(source: Path, partial: Path, progress: Path, identity: _Identity, bloc
             dst.flush()
             os.fsync(dst.fileno())
             digests.append(block[0])
-            _write_record(progress, {"format": _RECORD_FORMAT, "identity": asdict(identity), "block_size": block_size,
-                                     "blocks": digests})
+            _write_record(progress, _record(identity, block_size, digests))
             if kill_after and len(digests) >= kill_after:
                 os._exit(17)
-    if source.stat().st_size != identity.size or source.stat().st_mtime_ns != identity.mtime_ns:
+    now = source.stat()
+    if (now.st_size, now.st_mtime_ns) != (identity.size, identity.mtime_ns):
         partial.unlink()
         progress.unlink()
         raise StagingError(f"{str(source)!r} changed while it was staged; stage it again (a rebuild replaces the file).")
     return copied
 
 
-def _check(partial: Path, digests: list[str], block_size: int, source: Path) -> None:
+def _check(partial: Path, progress: Path, digests: list[str], block_size: int, source: Path) -> None:
     """Read the copy back from the disk (its pages dropped first) and compare every block with the source's digest."""
     index = 0
     with open(partial, "rb") as handle:
@@ -226,7 +231,7 @@ def _check(partial: Path, digests: list[str], block_size: int, source: Path) -> 
             if handle.read(1) == b"":
                 return
     partial.unlink()
-    partial.with_name(partial.name + ".json").unlink(missing_ok=True)
+    progress.unlink(missing_ok=True)
     raise StagingError(
         f"The staged copy {str(partial)!r} of {str(source)!r} read back differently from the source at block {index} "
         f"(bytes {index * block_size}-{(index + 1) * block_size - 1}); it was deleted. Check the local disk "
