@@ -33,13 +33,14 @@ import shutil
 import statistics
 import tempfile
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import lmdb
 
-from lightning_lmdb import envs
+from lightning_lmdb import envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.cache import evict, resident_fraction
 from lightning_lmdb.codec import decode_record
@@ -103,9 +104,10 @@ def run_read_benchmark(
         raise ValueError(f"limit={limit} must be >= 1 (or None for every record).")
     source_root = Path(source).expanduser().resolve()
     target = Path(target).expanduser().absolute()
-    storage = _existing_storage(target)
-    build_lmdb(source_root, target, storage=storage, workers=workers, progress=False)
-    meta = envs.load_meta(target, arrays=True)
+    storage, shard_count = _existing_layout(target)
+    build_lmdb(source_root, target, storage=storage, workers=workers, progress=False, shards=shard_count)
+    meta = shards.load_meta(target, arrays=True)
+    database = [str(f) for f in shards.database_files(target)]
     storage = meta.storage
     order = list(range(meta.count))
     random.Random(seed).shuffle(order)
@@ -120,8 +122,8 @@ def run_read_benchmark(
     for rep in range(passes):
         shift = rep % len(STORAGES)
         for name, readahead in STORAGES[shift:] + STORAGES[:shift]:
-            evict([*raw_paths, target], sync=rep == 0)
-            fractions = {"lmdb": resident_fraction(target), "raw": max(resident_fraction(p) for p in sample)}
+            evict([*raw_paths, *database], sync=rep == 0)
+            fractions = {"lmdb": max(resident_fraction(f) for f in database), "raw": max(resident_fraction(p) for p in sample)}
             worst = fractions["raw"] if readahead is None else fractions["lmdb"]
             resident[name].append(worst)
             if worst > EVICTED_MAX:
@@ -179,12 +181,13 @@ def _served(source: Path, target: Path, files: list[str], raw: bool, latency_ms:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def _existing_storage(target: Path) -> str:
-    """The storage of an existing finished database at ``target`` (so it is not rebuilt), else ``encoded``."""
+def _existing_layout(target: Path) -> tuple[str, int | None]:
+    """The storage and shard count of an existing finished database at ``target`` (so it is not rebuilt), else one encoded file."""
     try:
-        return envs.load_meta(target).storage
+        storage = shards.load_meta(target).storage
     except (FileNotFoundError, fmt.DatabaseError):
-        return "encoded"
+        return "encoded", None
+    return storage, len(shards.database_files(target)) if shards.is_sharded(target) else None
 
 
 def _pass(
@@ -201,25 +204,33 @@ def _pass(
             if decoder is not None:
                 decode(data, decoder, name=path)
         return time.perf_counter() - started, total
-    envs.close(target)  # a private environment, to choose readahead (py-lmdb allows one per file per process)
-    env = envs.open_env(target, readahead=readahead, validate_meta=False)  # checked by the caller
+    parts = shards.parts(target)  # one file, or the shards of a sharded folder
+    starts = [part.offset for part in parts]
+    opened = []
     try:
-        records = env.open_db(fmt.RECORDS_DB, create=False)
-        with env.begin(db=records) as txn:
-            started = time.perf_counter()
-            for index in order:
-                key = fmt.record_key(index)
-                value = txn.get(key)  # a bytes copy out of the map
-                if value is None:
-                    raise fmt.DatabaseError(f"{str(target)!r} has no record {key.decode()}: the database is damaged; rebuild it.")
-                total += len(value)
-                if decoder is not None:
-                    decode_record(value, storage, name=f"{target.name}[{index}]", decoder=decoder)
-            seconds = time.perf_counter() - started
+        for part in parts:
+            envs.close(part.path)  # a private environment, to choose readahead (py-lmdb allows one per file per process)
+            env = envs.open_env(part.path, readahead=readahead, validate_meta=False)  # checked by the caller
+            opened.append((env, env.open_db(fmt.RECORDS_DB, create=False)))
+        txns = [env.begin(db=records) for env, records in opened]
+        started = time.perf_counter()
+        for index in order:
+            at = bisect_right(starts, index) - 1
+            key = fmt.record_key(index - starts[at])
+            value = txns[at].get(key)  # a bytes copy out of the map
+            if value is None:
+                raise fmt.DatabaseError(f"{parts[at].path!r} has no record {key.decode()}: the database is damaged; rebuild it.")
+            total += len(value)
+            if decoder is not None:
+                decode_record(value, storage, name=f"{target.name}[{index}]", decoder=decoder)
+        seconds = time.perf_counter() - started
+        for txn in txns:
+            txn.abort()
     except lmdb.Error as exc:
         raise fmt.DatabaseError(f"Reading {str(target)!r} failed ({exc}): rebuild it.") from exc
     finally:
-        env.close()  # before the next eviction: mapped pages cannot be evicted
+        for env, _ in opened:
+            env.close()  # before the next eviction: mapped pages cannot be evicted
     return seconds, total
 
 
@@ -228,9 +239,9 @@ def _print_table(
     storage: str, latency_ms: float | None = None,
 ) -> None:
     src_mb = meta.source.bytes / 1e6
-    db_mb = target.stat().st_size / 1e6
+    db_mb = shards.database_bytes(target) / 1e6
     work = f"read + decode to RGB ({decode})" if decode else "read bytes"
-    ra_kb = _read_ahead_kb(target)
+    ra_kb = _read_ahead_kb(shards.database_files(target)[0])
     out(
         f"{rows[0]['samples']} of {meta.count} records, shuffled; {work}; {storage} storage; "
         f"source {src_mb:.1f} MB, database {db_mb:.1f} MB; median of {passes} pass(es); "

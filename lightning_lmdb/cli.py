@@ -58,14 +58,29 @@ def _build(args: argparse.Namespace) -> int:
     options = BuildOptions(
         storage=args.storage, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite, on_stale=args.on_stale,
         max_pixels=args.max_pixels or None, resize=args.resize, quality=args.quality, commit_every=args.commit_every,
-        progress=not args.quiet,
+        progress=not args.quiet, **_shard_options(args),
     )
     report = build(args.source, args.target, options)
+    what = f"shard {options.shard}/{options.shards}: " if options.shard is not None else ""
     print(
-        f"{report.path}: {report.action}, {report.count} records ({report.records_written} written now), "
+        f"{report.path}: {what}{report.action}, {report.count} records ({report.records_written} written now), "
         f"{len(report.skipped)} skipped, {report.seconds:.1f} s"
     )
     return 0
+
+
+def _shard_options(args: argparse.Namespace) -> dict[str, int | None]:
+    """``shards`` and ``shard`` from ``--shards K`` and ``--shard I/K`` (which must agree)."""
+    shards, shard = args.shards, None
+    if args.shard is not None:
+        index, sep, count = args.shard.partition("/")
+        if not sep or not index.isdigit() or not count.isdigit():
+            raise ValueError(f"--shard {args.shard!r} must be I/K, e.g. --shard 0/4 (the first of 4 shards).")
+        shard, count_of = int(index), int(count)
+        if shards is not None and shards != count_of:
+            raise ValueError(f"--shard {args.shard} says {count_of} shards but --shards says {shards}; give one of them.")
+        shards = count_of
+    return {"shards": shards, "shard": shard}
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -160,7 +175,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lightning-lmdb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout or flat folder) into the LMDB file TARGET")
+    build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout or flat folder) into the LMDB file TARGET (or a sharded folder)")
     build.add_argument("source")
     build.add_argument("target")
     build.add_argument(
@@ -178,6 +193,11 @@ def make_parser() -> argparse.ArgumentParser:
     build.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality of images --resize re-encodes (default: 90)")
     build.add_argument("--commit-every", type=int, default=1000, help="records per transaction")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
+    build.add_argument("--shards", type=int, default=None, metavar="K",
+                       help="a sharded database: TARGET becomes a folder of K shard files and a manifest, built by K processes")
+    build.add_argument("--shard", default=None, metavar="I/K",
+                       help="build shard I of K alone (e.g. one task of a job array: --shard $SLURM_ARRAY_TASK_ID/K); the task that "
+                            "completes the last shard writes the manifest")
     build.set_defaults(func=_build)
 
     info = sub.add_parser("info", help="describe a database")

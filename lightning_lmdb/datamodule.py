@@ -19,19 +19,18 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 from torchvision.datasets.folder import find_classes
 
-from lightning_lmdb import cache, netfs, transforms
+from lightning_lmdb import cache, netfs, shards, transforms
 from lightning_lmdb.batchdecode import Collate, DeferredImages
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
 from lightning_lmdb.decoders import DECODERS, Decoder
-from lightning_lmdb.envs import load_meta
 from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.format import DatabaseError
 from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
 from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler
 from lightning_lmdb.staging import stage, staged_path
 from lightning_lmdb.transforms import ResizedCrop
-from lightning_lmdb.writer import available_cores, build_lmdb, find_bad_files
+from lightning_lmdb.writer import available_cores, build_lmdb, build_shards, find_bad_files
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +92,9 @@ class LMDBDataModule(pl.LightningDataModule):
         cache_dir: Where the databases go; default :func:`default_cache_dir`. Each folder gets
             ``<name>-<hash of its path, storage and resize>.lmdb``.
         storage: ``"encoded"`` (original bytes) or ``"decoded"`` (RGB pixels, no decode at read time).
+        shards: ``None``: each database is one file. ``K``: a sharded database, a folder of ``K`` shard files and a
+            manifest (:mod:`lightning_lmdb.shards`), built by ``K`` processes (``build_workers`` at a time) and, with
+            ``shared_filesystem``, spread over the job's nodes. The same samples either way.
         resize: Pre-resized storage: the builder shrinks images whose shorter side is larger than this (aspect
             kept, never upscaled) and stores them re-encoded (``encoded``) or as pixels (``decoded``); ``None``
             keeps the originals. It changes the pixels the model sees, within the bound the README states.
@@ -132,8 +134,12 @@ class LMDBDataModule(pl.LightningDataModule):
         shuffle: Shuffle training samples (Lightning's distributed sampler keeps this under DDP).
         multiprocessing_context: Start method of the loader workers: ``"fork"``, ``"spawn"``, ``"forkserver"``
             or ``None`` (platform default).
-        shared_filesystem: The cache directory is shared by all nodes: build once overall instead of
-            once per node (the builder's file lock is the safety net either way).
+        shared_filesystem: The nodes of a multi-node job share ``cache_dir``. ``prepare_data`` still runs on each
+            node's local rank 0, but each node builds only its part: shard ``i`` is built by node ``i % num_nodes``
+            (with ``shards``), or node 0 builds the single file; Lightning's barrier after ``prepare_data`` makes
+            every rank wait for all of them, and the node that completes the last shard writes the manifest.
+            ``False``: each node builds everything into its own ``cache_dir``. The builders' file locks keep
+            concurrent builds of one database to one build either way.
         cold_cache: Evict the dataset's files (the raw files, or the LMDB files after closing this
             process's environments) from the page cache before each training epoch, with
             ``posix_fadvise`` (no root needed): emulates a dataset larger than RAM or on network
@@ -173,6 +179,7 @@ class LMDBDataModule(pl.LightningDataModule):
         backend: Backend = "lmdb",
         cache_dir: str | os.PathLike[str] | None = None,
         storage: Storage = "encoded",
+        shards: int | None = None,
         resize: int | None = None,
         quality: int = DEFAULT_QUALITY,
         decoder: Decoder = "auto",
@@ -233,7 +240,7 @@ class LMDBDataModule(pl.LightningDataModule):
         self.split_seed, self.backend = split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.build_options = BuildOptions(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
-                                          max_pixels=max_pixels, resize=resize, quality=quality)
+                                          max_pixels=max_pixels, resize=resize, quality=quality, shards=shards)
         if decode_size != "auto" and decode_size is not None and (isinstance(decode_size, bool) or not isinstance(decode_size, int)
                                                                   or decode_size < 1):
             raise ValueError(f"decode_size={decode_size!r} must be 'auto', a positive integer or None (decode every image whole).")
@@ -272,7 +279,7 @@ class LMDBDataModule(pl.LightningDataModule):
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.prefetch_factor, self.persistent_workers = prefetch_factor, persistent_workers
         self.multiprocessing_context = multiprocessing_context
-        self.prepare_data_per_node = not shared_filesystem
+        self.shared_filesystem = shared_filesystem  # prepare_data_per_node stays True: each node builds its part
         self.cold_cache = cold_cache
         if cold_cache and persistent_workers and self.num_workers > 0:
             rank_zero_warn("cold_cache=True turns persistent_workers off: live workers would keep the data cached.")
@@ -298,6 +305,7 @@ class LMDBDataModule(pl.LightningDataModule):
             raise ValueError(f"No {split}_dir was given.")
         options = self.build_options
         text = f"{folder}\0{options.storage}" + (f"\0resize={options.resize}\0quality={options.quality}" if options.resize else "")
+        text += f"\0shards={options.shards}" if options.shards is not None else ""
         key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         return self.cache_dir / f"{folder.name}-{key}.lmdb"
 
@@ -348,8 +356,17 @@ class LMDBDataModule(pl.LightningDataModule):
             return
         sources = {split: self.source_path(split) for split, folder in self.dirs.items() if folder is not None}
         started = time.perf_counter()
+        node, nodes = self._node()
         for split, source in sources.items():
-            build_lmdb(source, self.database_path(split), self.build_options)
+            target, options = self.database_path(split), self.build_options
+            if not (self.shared_filesystem and nodes > 1):
+                build_lmdb(source, target, options)
+            elif options.shards is not None:  # this node's shards; the node completing the last one writes the manifest
+                mine = list(range(node, options.shards, nodes))
+                if mine:
+                    build_shards(source, target, options, mine)
+            elif node == 0:  # one file: node 0 builds it, the others wait at Lightning's barrier after prepare_data
+                build_lmdb(source, target, options)
         self.timings["prepare_s"] = time.perf_counter() - started
         if self.local_cache_dir is not None:
             served = [self.served_database_path(split) for split in sources]  # mounted before the clock starts
@@ -359,6 +376,13 @@ class LMDBDataModule(pl.LightningDataModule):
                 rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
                                f"{report.seconds:.1f} s)")
             self.timings["stage_s"] = time.perf_counter() - started
+
+    def _node(self) -> tuple[int, int]:
+        """``(node rank, number of nodes)`` of the trainer's job (``(0, 1)`` without a trainer)."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return int(getattr(trainer, "node_rank", 0)), int(getattr(trainer, "num_nodes", 1))
 
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
@@ -410,7 +434,7 @@ class LMDBDataModule(pl.LightningDataModule):
         scan = scan_folder(folder)
         if database.exists():
             try:
-                meta = load_meta(database, arrays=True)
+                meta = shards.load_meta(database, arrays=True)
             except (FileNotFoundError, DatabaseError):
                 meta = None
             current = meta is not None and meta.source.fingerprint == scan.fingerprint()
@@ -446,7 +470,7 @@ class LMDBDataModule(pl.LightningDataModule):
             return dataset.classes, dataset.class_to_idx
         split, folder = next((s, d) for s, d in self.dirs.items() if d is not None)
         if not folder.is_dir() and self.backend == "lmdb":  # on_stale="ignore" serves an existing database without its folder
-            meta = load_meta(self.database_path(split))
+            meta = shards.load_meta(self.database_path(split))
             return meta.classes, meta.class_to_idx
         try:
             return find_classes(folder)
@@ -456,7 +480,7 @@ class LMDBDataModule(pl.LightningDataModule):
     def cached_files(self) -> list[str]:
         """The files a cold-cache epoch evicts: the databases, or every raw image file."""
         if self.backend == "lmdb":
-            return [_on_disk(self._reading_path(s)) for s, d in self.dirs.items() if d is not None]
+            return [_on_disk(f) for s, d in self.dirs.items() if d is not None for f in shards.database_files(self._reading_path(s))]
         raw = {d.root: d for d in self.datasets.values() if isinstance(d, RawImageDataset)}
         return [_on_disk(path) for dataset in raw.values() for path in dataset.files()]
 

@@ -1,4 +1,4 @@
-"""Map-style datasets: ``LMDBImageDataset`` (one LMDB file) and ``RawImageDataset`` (the image files).
+"""Map-style datasets: ``LMDBImageDataset`` (a database file or sharded folder) and ``RawImageDataset`` (the image files).
 
 Both are drop-ins for ``torchvision.datasets.ImageFolder`` -- ``len``, ``ds[i] -> (image, target)`` with
 a PIL RGB image when no transform is given, ``classes``, ``class_to_idx``, ``targets`` -- and both turn
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from multiprocessing.context import get_spawning_popen
@@ -56,7 +57,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from lightning_lmdb import envs
+from lightning_lmdb import envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred, defer
 from lightning_lmdb.codec import ImageDecodeError, decode_record
@@ -84,11 +85,8 @@ def available_memory() -> int:
 
 
 def auto_readahead(path: str | os.PathLike[str]) -> bool:
-    """Readahead on when the database file is smaller than the memory available (see module docstring)."""
-    try:
-        return os.stat(path).st_size < available_memory()
-    except OSError:  # no file yet: opening it reports that
-        return True
+    """Readahead on when the database (its file, or all shards of a sharded folder) is smaller than the memory available."""
+    return shards.database_bytes(path) < available_memory()
 
 
 @dataclass(frozen=True)
@@ -309,7 +307,7 @@ class LMDBImageDataset(_ImageDataset):
     """An ``ImageFolder`` served from a database built by :func:`lightning_lmdb.build_lmdb`.
 
     Args:
-        path: The database file.
+        path: The database: one file, or a sharded folder (:mod:`lightning_lmdb.shards`; the same samples in the same order).
         transform: Applied to the decoded image (a PIL RGB image with ``decoder="pil"``, else a ``uint8`` tensor).
         target_transform: Applied to the target.
         decoder: ``"pil"`` (``ImageFolder``'s exact pixels), ``"torchcodec"``, ``"opencv"`` or ``"auto"`` (see
@@ -337,15 +335,35 @@ class LMDBImageDataset(_ImageDataset):
         _check_decoding(decoder, decode_size)
         self.path = str(Path(path).absolute())
         self.readahead = auto_readahead(self.path) if readahead is None else readahead
-        with envs.reading(self.path) as opened:  # left open only if it was open before
-            meta = fmt.read_meta(opened.env, self.path)
-            self.build_id: str = opened.build_id
-        self._build_id_bytes = self.build_id.encode("ascii", "replace")
+        self._set_parts()
+        super().__init__(self._meta.classes, self._meta.class_to_idx, self._meta.count, transform, target_transform, indices, decoder,
+                         decode_size)
+        del self._meta
+
+    def _set_parts(self) -> None:
+        """Read the metadata, the database's files (one, or a sharded folder's shards) and the build id; keep the targets."""
+        if shards.is_sharded(self.path):
+            manifest = shards.manifest_of(self.path)
+            meta, parts, build_id = shards.load_meta(self.path), manifest.parts, manifest.build_id
+        else:
+            with envs.reading(self.path) as opened:  # left open only if it was open before
+                meta = fmt.read_meta(opened.env, self.path)
+                build_id = opened.build_id
+            parts = [shards.Part(self.path, 0, meta.count, build_id)]
+        self._meta = meta
+        self.build_id: str = build_id
         self.storage: str = meta.storage
         self.format_version: int = meta.version
         self._targets: np.ndarray | None = meta.targets
         self._paths: fmt.PathTable | None = meta.paths  # version 1 carries them; version 2 reads them on demand
-        super().__init__(meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder, decode_size)
+        self._files = [part.path for part in parts]
+        self._starts = [part.offset for part in parts]  # a short list: bisect per sample, no per-record object
+        self._part_ids = [part.build_id.encode("ascii", "replace") for part in parts]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the database is a sharded folder (:mod:`lightning_lmdb.shards`)."""
+        return len(self._files) > 1 or self._files[0] != self.path
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -354,36 +372,46 @@ class LMDBImageDataset(_ImageDataset):
 
     def _all_targets(self) -> np.ndarray:
         if self._targets is None:
-            opened = self._opened()
-            self._targets = fmt.read_meta(opened.env, self.path).targets
+            self._targets = self._read_meta().targets
         return self._targets
 
     def _path_table(self) -> fmt.PathTable:
         if self._paths is None:
-            opened = self._opened()
-            self._paths = fmt.read_meta(opened.env, self.path, arrays=True).paths
+            self._paths = self._read_meta(arrays=True).paths
         assert self._paths is not None
         return self._paths
+
+    def _read_meta(self, arrays: bool = False) -> fmt.Metadata:
+        """This database's metadata, checked to be the build this dataset was created on."""
+        if self.sharded:
+            meta = shards.load_meta(self.path, arrays=arrays)
+            if meta.build_id != self.build_id:
+                self._check_same_database()
+            return meta
+        return fmt.read_meta(self._opened(0).env, self.path, arrays=arrays)
 
     def _name(self, row: int) -> str:
         return f"{self.path}[{row}] ({self._path_table()[row]})"
 
-    def _opened(self) -> envs.Opened:
-        """This process's environment on the file, checked to be the build this dataset was created on."""
-        opened = envs.shared(self.path, readahead=self.readahead, fresh=False)
-        if opened.build_id != self.build_id:
+    def _opened(self, part: int) -> envs.Opened:
+        """This process's environment on file ``part``, checked to be the build this dataset was created on."""
+        path = self._files[part]
+        opened = envs.shared(path, readahead=self.readahead, fresh=False)
+        if opened.build_id.encode("ascii", "replace") != self._part_ids[part]:
             self._check_same_database()
-            opened = envs.shared(self.path, readahead=self.readahead, fresh=False)
+            opened = envs.shared(path, readahead=self.readahead, fresh=False)
         return opened
 
     def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
-        opened = self._opened()
+        part = bisect_right(self._starts, row) - 1
+        opened = self._opened(part)
+        expected = self._part_ids[part]
         with opened.env.begin(buffers=True) as txn:
             # The build id is read in the same transaction as the record (~1 us): a file copied in place over
             # an open one (same inode) is noticed at the next sample, not served under this dataset's labels.
             build_id = txn.get(fmt.BUILD_ID_KEY)
-            if build_id is None or bytes(build_id) == self._build_id_bytes:
-                value = txn.get(fmt.record_key(row), db=opened.records)
+            if build_id is None or bytes(build_id) == expected:
+                value = txn.get(fmt.record_key(row - self._starts[part]), db=opened.records)
                 if value is None:
                     raise fmt.DatabaseError(f"Record {row} is missing from {self.path!r}: the database is damaged; rebuild it.")
                 if marks is not None:  # the lookup returns the memory map: its page faults are the read
@@ -400,17 +428,25 @@ class LMDBImageDataset(_ImageDataset):
                 error = None
         if error is not None:  # the name is built only on error (it reads the paths)
             raise ImageDecodeError(self._name(row), error.reason) from None
-        envs.close(self.path)  # the file changed under this process's mapping: reopen it and report
+        envs.close(self._files[part])  # the file changed under this process's mapping: reopen it and report
         self._check_same_database()
         raise fmt.DatabaseError(f"{self.path!r} changed while it was open; create the dataset again.")  # pragma: no cover
 
     def _check_same_database(self) -> None:
-        """Raise if the file at ``path`` is no longer the build this dataset was created on."""
-        opened = envs.shared(self.path, readahead=self.readahead, fresh=True)
-        if opened.build_id != self.build_id:
+        """Raise if the database at ``path`` is no longer the build this dataset was created on."""
+        if self.sharded:
+            for file in self._files:
+                envs.close(file)
+            now = shards.build_id(self.path)
+            for file, expected in zip(self._files, self._part_ids, strict=True):
+                if now == self.build_id and envs.shared(file, readahead=self.readahead).build_id.encode("ascii", "replace") != expected:
+                    now = f"{Path(file).name} of another build"
+        else:
+            now = envs.shared(self.path, readahead=self.readahead, fresh=True).build_id
+        if now != self.build_id:
             raise fmt.DatabaseError(
                 f"{self.path!r} was replaced since this dataset was created (build {self.build_id[:12]}, now "
-                f"{opened.build_id[:12]}): another build or a copy overwrote it. Create the dataset (or call "
+                f"{now[:12]}): another build or a copy overwrote it. Create the dataset (or call "
                 "setup()) again so that classes, targets and records belong to the same database."
             )
 
@@ -470,7 +506,7 @@ class RawImageDataset(_ImageDataset):
         Raises:
             FileNotFoundError, DatabaseError: As :class:`LMDBImageDataset`.
         """
-        meta = envs.load_meta(database, arrays=True)
+        meta = shards.load_meta(database, arrays=True)
         return cls.from_metadata(root, meta, transform, target_transform, decoder=decoder, decode_size=decode_size, indices=indices)
 
     @classmethod

@@ -18,6 +18,9 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
   mtimes), ``options`` (the build options that shape the contents), ``skipped`` (list of
   ``{"path", "reason"}``), ``created``, ``library_version``, ``build_id`` (a random identity of
   this build) and ``arrays``: the hex ``blake2b-128`` digest of each array below.
+  A shard of a sharded build (:mod:`lightning_lmdb.shards`) also has ``shard``: ``index``, ``of``,
+  ``start`` and ``stop`` (the range of the whole scan it covers), ``scan_files`` and ``scan_fingerprint``
+  (the whole scan's); its ``source`` describes its own range.
 * Key ``meta/digest``: the ``blake2b-128`` digest (16 raw bytes) of the header bytes.
 * The per-record arrays, each one LMDB value, little-endian, no framing:
 
@@ -201,6 +204,27 @@ class Skipped:
     reason: str
 
 
+@dataclass(frozen=True)
+class ShardInfo:
+    """Which part of a sharded build a database file is (see :mod:`lightning_lmdb.shards`).
+
+    Attributes:
+        index: This shard's number, from 0.
+        of: How many shards the build has.
+        start: First file of the whole scan this shard covers.
+        stop: One past its last file (shard ``i`` covers ``files[start:stop]`` of the scan).
+        scan_files: Files in the whole scan.
+        scan_fingerprint: The whole scan's fingerprint (every shard of one build carries the same).
+    """
+
+    index: int
+    of: int
+    start: int
+    stop: int
+    scan_files: int
+    scan_fingerprint: str
+
+
 @dataclass(frozen=True, eq=False)
 class Metadata:
     """The validated metadata of a finished database (see the module docstring for the layout).
@@ -225,10 +249,12 @@ class Metadata:
     targets: np.ndarray
     paths: PathTable | None = None
     checksums: np.ndarray | None = None
+    shard: ShardInfo | None = None
 
     def header(self) -> dict[str, Any]:
         """The format-2 header JSON object, without ``arrays``."""
         return {
+            **({"shard": dataclasses.asdict(self.shard)} if self.shard is not None else {}),
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "count": self.count,
@@ -285,7 +311,13 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
                 raise DatabaseError(f"Path offsets of {str(path)!r} do not index its path blob: the database is damaged; rebuild it.")
             paths = PathTable(blob, offsets)
             checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
-        return _meta(get, version, count, targets, paths, checksums, get("build_id", str))
+        meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str))
+        if "shard" in obj:
+            shard = _Fields(get("shard", dict), path, "shard.")
+            info = ShardInfo(*(shard(name, int) for name in ("index", "of", "start", "stop", "scan_files")),
+                             shard("scan_fingerprint", str))
+            meta = dataclasses.replace(meta, shard=info)
+        return meta
 
 
 def _check_version(obj: Any, path: str | os.PathLike[str]) -> int:
@@ -387,6 +419,12 @@ def write_meta(txn: lmdb.Transaction, meta: Metadata) -> None:
     txn.put(META_KEY, header)
     txn.put(META_DIGEST_KEY, _digest(header))
     txn.put(BUILD_ID_KEY, meta.build_id.encode("ascii"))
+
+
+def header_digest(txn: lmdb.Transaction) -> str | None:
+    """The hex digest of a format-2 database's header (``meta/digest``; it covers every array's digest), or ``None``."""
+    value = txn.get(META_DIGEST_KEY)
+    return None if value is None else bytes(value).hex()
 
 
 def raise_no_meta(txn: lmdb.Transaction, path: str | os.PathLike[str]) -> None:

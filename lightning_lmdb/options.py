@@ -49,6 +49,11 @@ class BuildOptions:
         quality: JPEG quality (1-100) of the images ``resize`` re-encodes.
         commit_every: Records per write transaction (the most work a crash can lose).
         progress: Show a progress bar.
+        shards: ``None``: one database file. ``K``: a sharded database, a folder of ``K`` shard files and a
+            manifest (:mod:`lightning_lmdb.shards`); each shard is built by its own process, up to ``workers``
+            at a time, reading and decoding in that process.
+        shard: With ``shards``: build this shard alone (``0 <= shard < shards``), e.g. one task of a job array;
+            whichever build completes the last shard writes the manifest.
 
     Raises:
         ValueError: A value out of range or not one of the choices (named, with the valid values).
@@ -64,6 +69,8 @@ class BuildOptions:
     quality: int = DEFAULT_QUALITY
     commit_every: int = 1000
     progress: bool = True
+    shards: int | None = None
+    shard: int | None = None
 
     def __post_init__(self) -> None:
         for name, choices in CHOICES.items():
@@ -81,6 +88,13 @@ class BuildOptions:
             raise ValueError(f"quality={self.quality!r} must be an integer from 1 to 100 (JPEG quality of resized images).")
         if isinstance(self.commit_every, bool) or not isinstance(self.commit_every, int) or self.commit_every < 1:
             raise ValueError(f"commit_every={self.commit_every!r} must be an integer >= 1.")
+        if self.shards is not None and (isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 1):
+            raise ValueError(f"shards={self.shards!r} must be an integer >= 1 (shard files of the folder), or None for one file.")
+        if self.shard is not None:
+            if self.shards is None:
+                raise ValueError(f"shard={self.shard!r} needs shards= (the shard count): e.g. shard=0, shards=4 (CLI: --shard 0/4).")
+            if isinstance(self.shard, bool) or not isinstance(self.shard, int) or not 0 <= self.shard < self.shards:
+                raise ValueError(f"shard={self.shard!r} must be an integer from 0 to {self.shards - 1} (shards={self.shards}).")
 
     def content(self) -> dict[str, Any]:
         """The options that shape the contents (:data:`CONTENT_OPTIONS`), as stored in the metadata.

@@ -14,6 +14,8 @@ reads it from a local copy instead (``LMDBDataModule(local_cache_dir=...)``, or 
 * **Skipped when current**: a finished copy keeps its record (``<name>.staged.json``); staging again
   only compares the source's identity with it and the copy's size (no byte is read).
 * **Once per node**: a file lock (``<name>.staging.lock``) makes concurrent callers wait for one copy.
+* **Sharded databases**: every shard file is staged as above into ``local_dir/<folder name>/``, then the
+  manifest is copied last, so a copy killed midway is never a database, and resumes shard by shard.
 
 No pickle: the records are JSON.
 """
@@ -31,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_lmdb import shards
 from lightning_lmdb.envs import load_meta
 from lightning_lmdb.writer import _fsync_dir
 
@@ -85,7 +88,7 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
     """Copy the database ``source`` to ``local_dir`` (or keep the copy already there), checked block by block.
 
     Args:
-        source: A finished database file (on shared or network storage).
+        source: A finished database file or sharded folder (on shared or network storage).
         local_dir: A folder on the node's local disk (created if missing).
         block_size: Bytes per hashed block (what a resumed copy redoes at most).
 
@@ -100,6 +103,8 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
     """
     started = time.perf_counter()
     source = Path(source).expanduser().absolute()
+    if shards.is_sharded(source):
+        return _stage_sharded(source, local_dir, block_size, started)
     target = staged_path(source, local_dir)
     if block_size < 1:
         raise ValueError(f"block_size={block_size} must be >= 1 byte.")
@@ -125,6 +130,35 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
         progress.unlink()
         _fsync_dir(target.parent)
     return StageReport(target, action, copied, time.perf_counter() - started)
+
+
+def _stage_sharded(source: Path, local_dir: str | os.PathLike[str], block_size: int, started: float) -> StageReport:
+    """Stage each shard of a sharded folder, then its manifest (last); drop local shard files the manifest does not list."""
+    manifest = shards.manifest_of(source)
+    target = staged_path(source, local_dir)
+    if target.absolute() == source or target.resolve() == source.resolve():
+        raise ValueError(f"local_dir {str(Path(local_dir))!r} holds the database {str(source)!r} itself; stage it to another folder.")
+    target.mkdir(parents=True, exist_ok=True)
+    reports = [stage(part.path, target, block_size=block_size) for part in manifest.parts]
+    wanted = {Path(part.path).name for part in manifest.parts}
+    data = (source / shards.MANIFEST_NAME).read_bytes()
+    with _locked(target / (shards.MANIFEST_NAME + ".staging.lock")):
+        for path in shards.shard_files(target).values():
+            if path.name not in wanted:
+                path.unlink()
+        copy = target / shards.MANIFEST_NAME
+        if not (copy.exists() and copy.read_bytes() == data):
+            tmp = copy.with_name(copy.name + ".tmp")
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, copy)
+            _fsync_dir(target)
+    shards.load_meta(target)  # the copies match the manifest (counts, build ids, header digests)
+    actions = {r.action for r in reports}
+    action = "copied" if "copied" in actions else "resumed" if "resumed" in actions else "up-to-date"
+    return StageReport(target, action, sum(r.bytes_copied for r in reports), time.perf_counter() - started)
 
 
 @contextmanager

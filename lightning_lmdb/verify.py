@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_lmdb import envs
+from lightning_lmdb import envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record
 from lightning_lmdb.folder import scan_folder
@@ -51,12 +51,13 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         FileNotFoundError, DatabaseError: As :func:`lightning_lmdb.format.open_env`.
     """
-    meta = envs.load_meta(path)
-    size = Path(path).stat().st_size
+    meta = shards.load_meta(path)
+    size = shards.database_bytes(path)
     source = meta.source
     return {
         "path": str(path),
         "format_version": meta.version,
+        **({"shards": len(shards.database_files(path))} if shards.is_sharded(path) else {}),
         "storage": meta.storage,
         "count": meta.count,
         "num_classes": len(meta.classes),
@@ -94,7 +95,7 @@ def verify_lmdb(
     the reason recorded at build time and fail the check unless ``allow_skipped`` is True.
 
     Args:
-        path: The database file.
+        path: The database file or sharded folder.
         source: The folder it was built from, to compare byte for byte (optional).
         allow_skipped: With ``source``, accept source files that the build skipped (they are still
             listed in ``report.skipped``). Without a source, skipped files never fail the check.
@@ -106,43 +107,44 @@ def verify_lmdb(
         FileNotFoundError, DatabaseError: The database cannot be opened (see ``format.open_env``).
         FileNotFoundError, ValueError: ``source`` is missing or holds no images (see ``folder.scan_folder``).
     """
-    with envs.reading(path) as opened:
-        env = opened.env
-        meta = fmt.read_meta(env, path, arrays=True)
-        assert meta.paths is not None and meta.checksums is not None  # arrays=True
-        paths = meta.paths.tolist()
-        with_source = source is not None
-        report = VerifyReport(Path(path), meta.count, allow_skipped=allow_skipped or not with_source, compared_with_source=with_source)
-        files = {}
-        if source is None:
-            report.skipped = list(meta.skipped)
-        else:
-            scan = scan_folder(source)
-            files = {f.relpath: f for f in scan.files}
-            in_source = files.keys() | {relpath for relpath, _ in scan.special}
-            stored = set(paths)
-            report.skipped = [s for s in meta.skipped if s.path in in_source and s.path not in stored]
-            skipped = {s.path for s in report.skipped}
-            report.problems += [f"{p}: in the source but not in the database" for p in sorted(in_source - stored - skipped)]
-            report.problems += [f"{p}: in the database but no longer in the source" for p in sorted(stored - files.keys())]
-        records = opened.records
-        with env.begin(db=records, buffers=True) as txn:
-            entries = txn.stat(records)["entries"]
-            if entries != meta.count:
-                report.problems.append(f"the database holds {entries} records, its metadata says {meta.count}")
-            for index, (relpath, expected) in enumerate(zip(paths, meta.checksums)):
-                value = txn.get(fmt.record_key(index))
+    meta = shards.load_meta(path, arrays=True)
+    assert meta.paths is not None and meta.checksums is not None  # arrays=True
+    paths = meta.paths.tolist()
+    with_source = source is not None
+    report = VerifyReport(Path(path), meta.count, allow_skipped=allow_skipped or not with_source, compared_with_source=with_source)
+    files = {}
+    if source is None:
+        report.skipped = list(meta.skipped)
+    else:
+        scan = scan_folder(source)
+        files = {f.relpath: f for f in scan.files}
+        in_source = files.keys() | {relpath for relpath, _ in scan.special}
+        stored = set(paths)
+        report.skipped = [s for s in meta.skipped if s.path in in_source and s.path not in stored]
+        skipped = {s.path for s in report.skipped}
+        report.problems += [f"{p}: in the source but not in the database" for p in sorted(in_source - stored - skipped)]
+        report.problems += [f"{p}: in the database but no longer in the source" for p in sorted(stored - files.keys())]
+    for part in shards.parts(path):  # one file, or each shard of a sharded folder
+        where = "" if part.path == str(Path(path).absolute()) else f" ({Path(part.path).name})"
+        with envs.reading(part.path) as opened, opened.env.begin(db=opened.records, buffers=True) as txn:
+            entries = txn.stat(opened.records)["entries"]
+            if entries != part.count:
+                report.problems.append(f"{part.path} holds {entries} records, its metadata says {part.count}")
+            for local in range(part.count):
+                index = part.offset + local
+                relpath, expected = paths[index], meta.checksums[index]
+                value = txn.get(fmt.record_key(local))
                 report.checked += 1
                 if value is None:
-                    report.problems.append(f"record {index} ({relpath}): missing")
+                    report.problems.append(f"record {index}{where} ({relpath}): missing")
                     continue
                 if fmt.checksum(value) != expected.tobytes():
-                    report.problems.append(f"record {index} ({relpath}): checksum mismatch, the database is damaged")
+                    report.problems.append(f"record {index}{where} ({relpath}): checksum mismatch, the database is damaged")
                     continue
                 if relpath in files:
                     problem = _compare_with_source(value, files[relpath].path, meta)
                     if problem:
-                        report.problems.append(f"record {index} ({relpath}): {problem}")
+                        report.problems.append(f"record {index}{where} ({relpath}): {problem}")
     return report
 
 

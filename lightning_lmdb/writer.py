@@ -22,7 +22,8 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from lightning_lmdb import envs
+from lightning_lmdb import envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
 from lightning_lmdb.folder import NotRegularFileError, PrefixFingerprint, SourceScan, read_file, scan_folder
@@ -105,10 +106,12 @@ def build_lmdb(
         options: How to build (:class:`~lightning_lmdb.options.BuildOptions`; default options when ``None``).
         **overrides: Any option by name, e.g. ``storage="decoded"``, ``workers=0``, ``on_error="skip"``,
             ``on_stale="ignore"``, ``overwrite=True``, ``max_pixels=None``, ``commit_every=500``,
-            ``progress=False`` (see :class:`~lightning_lmdb.options.BuildOptions` for each).
+            ``progress=False``, ``shards=4`` (``target`` becomes a folder of 4 shard files and a manifest,
+            see :mod:`lightning_lmdb.shards`), ``shard=1`` (with ``shards``: build that shard alone) (see
+            :class:`~lightning_lmdb.options.BuildOptions` for each).
 
     Returns:
-        The path of the finished database.
+        The path of the finished database (with ``shard``: the folder, which is finished once every shard is).
 
     Raises:
         FileNotFoundError: No source folder.
@@ -128,10 +131,14 @@ def build(
     started = time.perf_counter()
     options = (options or BuildOptions()).replace(**overrides) if overrides else (options or BuildOptions())
     source_root = Path(source).expanduser().resolve()
-    target = Path(target).expanduser().absolute()
-    if target.resolve() == source_root or target.resolve().is_relative_to(source_root):
-        raise ValueError(f"Target {str(target)!r} lies inside the source {str(source_root)!r}; put the database outside the image folder.")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = _checked_target(source_root, target)
+    if options.shards is not None:
+        report = build_shards(source_root, target, options, None if options.shard is None else [options.shard])
+        report.seconds = time.perf_counter() - started
+        return report
+    if shards.is_sharded(target):
+        raise FileExistsError(f"{str(target)!r} is a sharded database folder; build it with shards=K (CLI: --shards K), or choose "
+                              "another target for a single-file database. It is left untouched.")
 
     if options.on_stale == "ignore" and not options.overwrite:
         meta = _existing_meta(target)
@@ -153,6 +160,125 @@ def build(
         report = _Writer(scan, target, options).run()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _checked_target(source_root: Path, target: str | os.PathLike[str]) -> Path:
+    """``target`` made absolute, its folder created; refused inside the source (it would be scanned as images)."""
+    target = Path(target).expanduser().absolute()
+    if target.resolve() == source_root or target.resolve().is_relative_to(source_root):
+        raise ValueError(f"Target {str(target)!r} lies inside the source {str(source_root)!r}; put the database outside the image folder.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str], options: BuildOptions,
+                 indices: list[int] | None = None) -> BuildReport:
+    """Build some shards of the sharded database ``target`` (``indices``; ``None``: all), then its manifest once all are there.
+
+    What :func:`build` does with ``shards`` set (``options.shard`` is ignored here: ``indices`` says which). Several
+    shards are built at once, each by its own process that reads, decodes and writes in-process (up to
+    ``options.workers`` processes); a single shard is built with ``options.workers`` reader processes. Whichever
+    call completes the last shard writes the manifest (the manifest lock arbitrates; the result is the same).
+
+    Raises:
+        As :func:`build_lmdb`; ``ValueError`` also for more shards than images or an index out of range.
+    """
+    count_of = options.shards
+    if count_of is None:
+        raise ValueError("build_shards needs options with shards= set (the shard count).")
+    source_root = Path(source).expanduser().resolve()
+    folder = _checked_target(source_root, target)
+    bad = [i for i in indices or [] if not 0 <= i < count_of]
+    if bad:
+        raise ValueError(f"shard indices {bad} out of range for shards={count_of} (0 to {count_of - 1}).")
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"{str(folder)!r} is a file (a single-file database?); a sharded build makes a folder there. Remove it "
+                              "or choose another target. It is left untouched.")
+    if folder.is_dir() and any(folder.iterdir()) and not shards.is_sharded(folder):
+        raise FileExistsError(f"{str(folder)!r} is a folder that is not a sharded database; choose a new or empty folder as the "
+                              "target. It is left untouched.")
+    folder.mkdir(parents=True, exist_ok=True)
+    existing = _existing_sharded_meta(folder)
+    if existing is not None and options.on_stale == "ignore" and not options.overwrite:
+        return BuildReport(folder, "up-to-date", 0, existing[0].count, existing[0].skipped)
+    scan = scan_folder(source_root)
+    if count_of > len(scan.files):
+        raise ValueError(f"shards={count_of} is more than the {len(scan.files)} images of {str(source_root)!r}; choose at most "
+                         f"{len(scan.files)}.")
+    if existing is not None and not options.overwrite:
+        meta, built_with = existing
+        if built_with == count_of and (options.on_stale == "ignore" or _is_current(meta, scan, options.content())):
+            return BuildReport(folder, "up-to-date", 0, meta.count, meta.skipped)
+        reason = (f"with {built_with} shards, not {count_of}" if built_with != count_of and _is_current(meta, scan, options.content())
+                  else _stale_reason(folder, meta, scan, options.content()))
+        if options.on_stale == "error":
+            raise StaleDatabaseError(f"{str(folder)!r} was built {reason}. Rebuild it with on_stale='rebuild' (CLI: --on-stale "
+                                     "rebuild), or keep it as it is with on_stale='ignore'.")
+        log.info("%s was built %s; rebuilding it.", folder, reason)
+    if existing is not None or options.overwrite:
+        _retire_manifest(folder, count_of)
+    ranges = shards.shard_ranges(len(scan.files), count_of)
+    todo = list(range(count_of)) if indices is None else sorted(set(indices))
+    jobs = [_ShardJob(_sub_scan(scan, *ranges[i], with_special=i == 0), folder / shards.shard_name(i, count_of),
+                      fmt.ShardInfo(i, count_of, *ranges[i], len(scan.files), scan.fingerprint())) for i in todo]
+    workers = available_cores() if options.workers is None else options.workers
+    if len(jobs) == 1 or workers <= 1:  # one shard: its files read by this build's pool (or in this process with workers=0)
+        reports = [_build_shard(job, options) for job in jobs]
+    else:  # one process per shard, each reading, decoding and writing in-process: no pipe between readers and a writer
+        per_shard = options.replace(workers=0)
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context()) as pool:
+            reports = list(pool.map(_build_shard, jobs, [per_shard] * len(jobs)))
+    written = sum(r.records_written for r in reports)
+    actions = {r.action for r in reports}
+    action = "built" if "built" in actions else "resumed" if "resumed" in actions else "up-to-date"
+    missing = [i for i in range(count_of) if not (folder / shards.shard_name(i, count_of)).exists()]
+    if missing:  # a job array's task: the task completing the last shard writes the manifest
+        log.info("Built shard(s) %s of %d of %s; shard(s) %s are still to be built.", todo, count_of, folder, missing)
+        return BuildReport(folder, action, written, sum(r.count for r in reports), [s for r in reports for s in r.skipped])
+    manifest = shards.finalize(folder)
+    meta = shards.load_meta(folder)
+    return BuildReport(folder, action, written, manifest.count, meta.skipped)
+
+
+@dataclass(frozen=True)
+class _ShardJob:
+    scan: SourceScan
+    path: Path
+    info: fmt.ShardInfo
+
+
+def _sub_scan(scan: SourceScan, start: int, stop: int, *, with_special: bool) -> SourceScan:
+    """The part of ``scan`` one shard covers (the scan's non-regular files go with shard 0, as first entries of its skipped)."""
+    return replace(scan, files=scan.files[start:stop], special=scan.special if with_special else [])
+
+
+def _build_shard(job: _ShardJob, options: BuildOptions) -> BuildReport:
+    """Build (or resume, or keep) one shard file: a single-file build of its range with a ``shard`` header."""
+    with _build_lock(job.path):
+        meta = _existing_meta(job.path)
+        if meta is not None and not options.overwrite and _is_current(meta, job.scan, options.content()) and meta.shard == job.info:
+            return BuildReport(job.path, "up-to-date", 0, meta.count, meta.skipped)
+        return _Writer(job.scan, job.path, options, job.info).run()
+
+
+def _existing_sharded_meta(folder: Path) -> tuple[fmt.Metadata, int] | None:
+    """``(metadata, shard count)`` of the finished sharded database in ``folder``, or ``None`` when it has no valid manifest."""
+    try:
+        manifest = shards.read_manifest(folder)
+        return shards.load_meta(folder), len(manifest.parts)
+    except (fmt.DatabaseError, OSError):
+        return None
+
+
+def _retire_manifest(folder: Path, count_of: int) -> None:
+    """Before a rebuild: remove the manifest first (readers then see an unfinished build, never a mix) and shards of another count."""
+    with shards.manifest_lock(folder):
+        with contextlib.suppress(FileNotFoundError):
+            (folder / shards.MANIFEST_NAME).unlink()
+        for (_, of), path in shards.shard_files(folder).items():
+            if of != count_of:
+                path.unlink()
+        _fsync_dir(folder)
 
 
 def usable_cpus() -> list[int]:
@@ -197,7 +323,7 @@ def _stale_reason(target: Path, meta: fmt.Metadata, scan: SourceScan, options: d
         return f"in format version {meta.version}; this lightning_lmdb writes version {fmt.FORMAT_VERSION}"
     if not _same_options(meta, options):
         return f"with other options ({meta.options} vs {options})"
-    paths = envs.load_meta(target, arrays=True).paths
+    paths = shards.load_meta(target, arrays=True).paths
     old = set(paths.tolist() if paths is not None else []) | {s.path for s in meta.skipped}
     new = {f.relpath for f in scan.files}
     return f"from a source that changed since ({len(new - old)} files added, {len(old - new)} removed, the rest modified or relabelled)"
@@ -249,8 +375,8 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
 class _Writer:
     """One build of ``scan`` into ``target``: resume or start the partial file, fill it, finish it."""
 
-    def __init__(self, scan: SourceScan, target: Path, options: BuildOptions):
-        self.scan, self.target, self.on_error = scan, target, options.on_error
+    def __init__(self, scan: SourceScan, target: Path, options: BuildOptions, shard: fmt.ShardInfo | None = None):
+        self.scan, self.target, self.on_error, self.shard = scan, target, options.on_error, shard
         self.options = options.content()  # what shapes the contents: compared on resume, stored in the metadata
         self.workers = available_cores() if options.workers is None else options.workers
         self.commit_every, self.progress = options.commit_every, options.progress
@@ -310,7 +436,7 @@ class _Writer:
             return None
         finally:
             env.close()
-        return meta if _is_current(meta, self.scan, self.options) else None
+        return meta if _is_current(meta, self.scan, self.options) and meta.shard == self.shard else None
 
     def _open_partial(self) -> tuple[lmdb.Environment, int, list[dict[str, str]]]:
         """Open ``TARGET.partial``, resuming it when it was started on the same source prefix and options."""
@@ -466,6 +592,7 @@ class _Writer:
             targets=np.array([f.target for f in kept], dtype=np.int32),
             paths=fmt.PathTable.from_strings(f.relpath for f in kept),
             checksums=checksums,
+            shard=self.shard,
         )
 
         def write(txn: lmdb.Transaction) -> None:

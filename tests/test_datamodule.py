@@ -92,7 +92,8 @@ def test_loader_settings(tmp_path: Path) -> None:
         dm.test_dataloader()
     with pytest.raises(ValueError, match="backend='nfs'"):
         LMDBDataModule(source, backend="nfs")
-    assert LMDBDataModule(source, shared_filesystem=True).prepare_data_per_node is False
+    # shared storage still prepares on every node: each node builds its own part (tests/test_shards.py)
+    assert LMDBDataModule(source, shared_filesystem=True).prepare_data_per_node is True
 
 
 @pytest.mark.slow

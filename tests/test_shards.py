@@ -1,0 +1,238 @@
+"""Sharded databases: built whole or shard by shard, served, verified, staged and prepared as one database file is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, shards
+from lightning_lmdb import format as fmt
+from lightning_lmdb.bench import run_read_benchmark
+from lightning_lmdb.cli import main
+from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.staging import stage
+from lightning_lmdb.verify import describe_lmdb, verify_lmdb
+from lightning_lmdb.writer import build, build_lmdb
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _records(path: Path) -> list[bytes]:
+    """Every record value of a database (file or sharded folder), in global order."""
+    values = []
+    for part in shards.parts(path):
+        env = lmdb.open(part.path, readonly=True, lock=False, subdir=False, max_dbs=2)
+        try:
+            with env.begin(db=env.open_db(fmt.RECORDS_DB, create=False)) as txn:
+                values += [bytes(txn.get(fmt.record_key(i))) for i in range(part.count)]
+        finally:
+            env.close()
+    return values
+
+
+def _same_database(a: Path, b: Path) -> None:
+    ma, mb = shards.load_meta(a, arrays=True), shards.load_meta(b, arrays=True)
+    fields = ("count", "storage", "classes", "class_to_idx", "options", "source", "skipped")
+    assert [getattr(ma, f) for f in fields] == [getattr(mb, f) for f in fields]
+    assert np.array_equal(ma.targets, mb.targets) and np.array_equal(ma.checksums, mb.checksums)
+    assert ma.paths.tolist() == mb.paths.tolist()
+    assert _records(a) == _records(b)
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_sharded_folder_serves_the_samples_of_one_file(image_folder: Path, tmp_path: Path, count: int) -> None:
+    (image_folder / "dog" / "broken.png").write_bytes(b"\x89PNG not really")  # skipped: in a shard's range, not shard 0's
+    (image_folder / "cat" / "fifo.jpg").unlink(missing_ok=True)
+    os.mkfifo(image_folder / "cat" / "fifo.jpg")  # a non-regular file: recorded with shard 0
+    one = build_lmdb(image_folder, tmp_path / "one.lmdb", on_error="skip", progress=False)
+    report = build(image_folder, tmp_path / "many.lmdb", on_error="skip", progress=False, shards=count, workers=2)
+    assert report.action == "built" and report.count == shards.load_meta(one).count
+    folder = report.path
+    assert folder.is_dir() and sorted(p.name for p in shards.database_files(folder)) == [
+        shards.shard_name(i, count) for i in range(count)]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [s["offset"] for s in manifest["shards"]] == list(np.cumsum([0] + [s["count"] for s in manifest["shards"]][:-1]))
+    _same_database(one, folder)
+    assert {s.path for s in shards.load_meta(folder).skipped} == {"dog/broken.png", "cat/fifo.jpg"}
+
+    a, b = LMDBImageDataset(one), LMDBImageDataset(folder)
+    assert b.sharded and not a.sharded and len(a) == len(b) and a.targets == b.targets and a.paths == b.paths
+    for i in range(len(a)):
+        (ia, ta), (ib, tb) = a[i], b[i]
+        assert ta == tb and np.array_equal(np.asarray(ia), np.asarray(ib))
+    view = b.view([len(b) - 1, 0], None)
+    assert view.targets == [a.targets[-1], a.targets[0]]
+    assert build(image_folder, folder, on_error="skip", progress=False, shards=count).action == "up-to-date"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_sharded_dataset_in_worker_processes(image_folder: Path, tmp_path: Path, context: str) -> None:
+    folder = build_lmdb(image_folder, tmp_path / "db.lmdb", shards=3, progress=False)
+    dataset = LMDBImageDataset(folder, decoder="opencv")
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
+    seen = [(int(image.sum()), target) for image, target in loader]
+    assert seen == [(int(dataset[i][0].sum()), dataset[i][1]) for i in range(len(dataset))]
+
+
+def test_shard_jobs_combine_into_the_database_of_one_build(image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = tmp_path / "jobs.lmdb"
+    assert main(["build", str(image_folder), str(folder), "--shard", "1/3", "--quiet"]) == 0
+    assert "shard 1/3: built" in capsys.readouterr().out
+    assert not (folder / "manifest.json").exists()
+    with pytest.raises(fmt.DatabaseError, match=r"shard\(s\) 0/3, 2/3 are missing.*--shard I/3"):
+        LMDBImageDataset(folder)
+    assert main(["info", str(folder)]) == 2 and "missing" in capsys.readouterr().err
+    assert main(["build", str(image_folder), str(folder), "--shard", "0/3", "--quiet"]) == 0
+    assert main(["build", str(image_folder), str(folder), "--shard", "2/3", "--quiet"]) == 0  # the last one writes the manifest
+    assert (folder / "manifest.json").exists()
+    whole = build_lmdb(image_folder, tmp_path / "whole.lmdb", shards=3, progress=False)
+    one = build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False)
+    _same_database(folder, whole)
+    _same_database(folder, one)
+    assert main(["build", str(image_folder), str(folder), "--shards", "3", "--quiet"]) == 0
+    assert "up-to-date" in capsys.readouterr().out
+    assert main(["verify", str(folder), "--source", str(image_folder)]) == 0
+    assert ": OK" in capsys.readouterr().out
+    assert main(["info", str(folder), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["shards"] == 3 and info["count"] == shards.load_meta(one).count
+    assert main(["build", str(image_folder), str(folder), "--shard", "3/3"]) == 2
+    assert "from 0 to 2" in capsys.readouterr().err
+    assert main(["build", str(image_folder), str(folder), "--shard", "1/2", "--shards", "3"]) == 2
+
+
+def test_first_reader_writes_a_missing_manifest(image_folder: Path, tmp_path: Path) -> None:
+    folder = build_lmdb(image_folder, tmp_path / "db.lmdb", shards=2, progress=False)
+    written = (folder / "manifest.json").read_bytes()
+    (folder / "manifest.json").unlink()  # e.g. the last job of an array died after its shard
+    assert len(LMDBImageDataset(folder)) == shards.load_meta(folder).count
+    assert (folder / "manifest.json").read_bytes() == written  # a pure function of the shards
+
+
+def test_shards_of_different_scans_are_refused(image_folder: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "db.lmdb"
+    build(image_folder, folder, shards=2, shard=0, progress=False)
+    (image_folder / "dog" / "late.png").write_bytes((image_folder / "dog").glob("*.png").__next__().read_bytes())
+    with pytest.raises(fmt.DatabaseError, match="another scan of the source.*--shards 2 rebuilds"):
+        build(image_folder, folder, shards=2, shard=1, progress=False)  # it completes the set: its manifest check refuses
+    with pytest.raises(fmt.DatabaseError, match="another scan of the source"):
+        LMDBImageDataset(folder)  # nor does a reader write one
+    assert not (folder / "manifest.json").exists()
+    report = build(image_folder, folder, shards=2, progress=False)  # the final build rebuilds the stale shard 0
+    assert report.action == "built" and report.records_written == shards.load_meta(folder).count // 2
+    _same_database(folder, build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False))
+
+
+def test_rebuild_and_replaced_shards(image_folder: Path, tmp_path: Path) -> None:
+    folder = build_lmdb(image_folder, tmp_path / "db.lmdb", shards=2, progress=False)
+    old = LMDBImageDataset(folder)
+    other = build_lmdb(image_folder, tmp_path / "other.lmdb", shards=2, progress=False, overwrite=True)
+    first = shards.database_files(folder)[0]
+    os.replace(shards.database_files(other)[0], first)  # another build's shard: same records, other build id
+    with pytest.raises(fmt.DatabaseError, match="does not match the manifest"):
+        LMDBImageDataset(folder)
+    with pytest.raises(fmt.DatabaseError, match="replaced since this dataset was created"):
+        old[0]
+    assert build(image_folder, folder, shards=2, progress=False).action == "up-to-date"  # shards current: manifest only
+    assert len(LMDBImageDataset(folder)) == len(old)
+    (image_folder / "cat" / "new.png").write_bytes(next((image_folder / "dog").glob("*.png")).read_bytes())
+    with pytest.raises(fmt.DatabaseError, match="was built from a source that changed"):
+        build(image_folder, folder, shards=2, progress=False, on_stale="error")
+    report = build(image_folder, folder, shards=4, progress=False)  # another count: the old shards are removed
+    assert report.action == "built" and len(shards.database_files(folder)) == 4
+    _same_database(folder, build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False))
+
+
+def test_layouts_never_replace_each_other(image_folder: Path, tmp_path: Path) -> None:
+    single = build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False)
+    with pytest.raises(FileExistsError, match="is a file"):
+        build_lmdb(image_folder, single, shards=2, progress=False)
+    folder = build_lmdb(image_folder, tmp_path / "many.lmdb", shards=2, progress=False)
+    with pytest.raises(FileExistsError, match="is a sharded database folder"):
+        build_lmdb(image_folder, folder, progress=False)
+    (tmp_path / "stuff").mkdir()
+    (tmp_path / "stuff" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a sharded database"):
+        build_lmdb(image_folder, tmp_path / "stuff", shards=2, progress=False)
+    assert (tmp_path / "stuff" / "keep.txt").read_text() == "mine"
+    with pytest.raises(ValueError, match="more than the"):
+        build_lmdb(image_folder, tmp_path / "x.lmdb", shards=1000, progress=False)
+    with pytest.raises(ValueError, match="needs shards="):
+        BuildOptions(shard=0)
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        BuildOptions(shards=2, shard=2)
+
+
+def test_verify_bench_and_staging_take_a_sharded_folder(image_folder: Path, tmp_path: Path) -> None:
+    folder = build_lmdb(image_folder, tmp_path / "db.lmdb", shards=2, progress=False)
+    assert verify_lmdb(folder, image_folder).ok
+    assert describe_lmdb(folder)["file_bytes"] == sum(p.stat().st_size for p in shards.database_files(folder))
+    rows = run_read_benchmark(image_folder, folder, passes=1, out=lambda _line: None)
+    assert {r["samples"] for r in rows} == {shards.load_meta(folder).count}
+    assert len(shards.database_files(folder)) == 2  # not rebuilt as one file
+
+    local = tmp_path / "local"
+    report = stage(folder, local)
+    assert report.action == "copied" and report.path == local / folder.name
+    _same_database(folder, report.path)
+    assert stage(folder, local).action == "up-to-date"
+
+    second = shards.database_files(folder)[1]
+    part = shards.parts(folder)[1]
+    env = lmdb.open(str(second), subdir=False, readonly=True, lock=False, max_dbs=2)
+    with env.begin(db=env.open_db(fmt.RECORDS_DB, create=False), buffers=True) as txn:
+        value = bytes(txn.get(fmt.record_key(0)))
+    env.close()
+    data = bytearray(second.read_bytes())
+    at = data.find(value)
+    data[at + len(value) // 2] ^= 0xFF
+    second.write_bytes(bytes(data))
+    problems = verify_lmdb(folder).problems
+    assert problems == [f"record {part.offset} ({second.name}) ({shards.load_meta(folder, arrays=True).paths[part.offset]}): "
+                        "checksum mismatch, the database is damaged"]
+
+
+def test_datamodule_serves_a_sharded_database(image_folder: Path, tmp_path: Path) -> None:
+    common = dict(cache_dir=tmp_path / "cache", batch_size=4, num_workers=0, image_size=16, build_workers=0)
+    dm = LMDBDataModule(image_folder, shards=2, **common)
+    dm.prepare_data()
+    path = dm.database_path("train")
+    assert path.is_dir() and path != LMDBDataModule(image_folder, **common).database_path("train")
+    dm.setup("fit")
+    assert sum(len(b[1]) for b in dm.train_dataloader()) + len(dm.datasets["val"]) == shards.load_meta(path).count
+    assert dm.cached_files() == [str(p) for p in shards.database_files(path)]
+    staged = LMDBDataModule(image_folder, shards=2, local_cache_dir=tmp_path / "local", **common)
+    staged.prepare_data()
+    staged.setup("fit")
+    assert staged.datasets["train"].path.startswith(str(tmp_path / "local"))
+    assert staged.datasets["train"].targets == dm.datasets["train"].targets
+
+
+@pytest.mark.slow
+def test_two_nodes_build_their_shards_in_prepare_data(image_folder: Path, tmp_path: Path) -> None:
+    """Two simulated nodes (NODE_RANK 0 and 1, one CPU process each, gloo) share a cache directory."""
+    cache, out = tmp_path / "shared-cache", tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000), "WORLD_SIZE": "2",
+           "LOCAL_RANK": "0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "two_node_build.py"), str(image_folder), str(cache), str(out)],
+                              env={**env, "NODE_RANK": str(node)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for node in (0, 1)]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    built = {node: json.loads((out / f"node{node}_built.json").read_text()) for node in (0, 1)}
+    assert built == {0: [[0, 2]], 1: [[1, 3]]}  # each node built its own shards: i % 2 == node
+    folder = Path(json.loads((out / "node0_seen.json").read_text())["database"])
+    assert (folder / "manifest.json").exists() and len(shards.database_files(folder)) == 4
+    seen = [i for node in (0, 1) for i in json.loads((out / f"node{node}_seen.json").read_text())["indices"]]
+    assert sorted(seen) == list(range(shards.load_meta(folder).count))  # every sample once, over both nodes
+    _same_database(folder, build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False))
