@@ -15,24 +15,10 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import Dataset
+from ddp_epoch_coverage import WithIndex  # this script's folder is on sys.path
 
 from lightning_lmdb import datamodule as dm_module
 from lightning_lmdb.transforms import eval_transform
-
-
-class WithIndex(Dataset):
-    """Wraps a dataset so each sample also carries its index."""
-
-    def __init__(self, inner: Dataset):
-        self.inner = inner
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, i: int):
-        image, target = self.inner[i]
-        return image, target, i
 
 
 class IndexedDataModule(dm_module.LMDBDataModule):
