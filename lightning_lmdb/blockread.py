@@ -8,17 +8,20 @@ reads the byte span of the whole block from the database file with one ``os.prea
 buffer, which puts those pages in the page cache in one large sequential read whatever the readahead
 flag. The block's other samples then find their pages cached (a minor fault each, no IO).
 
-How the span is found without reading it: with ``buffers=True`` a read-only transaction's ``get``
-returns a memoryview into LMDB's memory map, whose address minus the map's start is the record's offset
-in the file. The start comes from ``/proc/self/maps`` (the mapping of the file that holds the address),
-read once per environment: ``env.info()["map_addr"]`` is not it (LMDB reports the address recorded in
-the meta page, 0 unless the file was built with ``MDB_FIXEDMAP``). Looking a record up touches only its
-B-tree leaf page (one leaf holds the nodes of ~150 records larger than a page), not the value's own
-pages, and numpy reads the view's address without touching them either. Without ``/proc`` (not Linux)
-no block is read. The span runs from the block's lowest record address to the end of its
-highest record. A span that is implausibly large for its records (more than :data:`SPAN_SLACK` times
-their bytes, or more than :data:`MAX_SPAN_BYTES`: e.g. a resumed build that reused freed pages, or a
-view whose rows are not in file order) is not read: those records are then read as without block reads.
+How the span is found without reading it: records are appended in key order, so a block's records
+lie in the file between its lowest and its highest row (a build writes nothing else between them but
+B-tree leaf pages). Only those two records are located, from their B-tree leaf nodes: a cursor's
+``set_key`` reads the leaf page (one per ~150 records larger than a page) and, for a value in overflow
+pages, the first of them; the node gives the value's size and first overflow page (LMDB 0.9's on-disk
+layout: an 8-byte node header, the key, the page number), and that page's header is checked (its page
+number, its overflow flag, its length) before it is trusted. ``txn.get`` cannot be used for this:
+py-lmdb touches every page of the value it returns ("preload", with the GIL released), which with
+readahead off is the page-at-a-time read this module avoids. The span runs from the lowest record's
+page to the end of the highest record. A span that is implausibly large (more than :data:`SPAN_SLACK`
+times the block's expected bytes -- its records times the file's bytes per record -- or more than
+:data:`MAX_SPAN_BYTES`: e.g. a resumed build that reused freed pages, or a view whose rows are not in
+file order), or a node that does not parse as expected, is not read: those records are then read as
+without block reads. A span that misses some records (pages reused out of order) only reads less.
 
 Per process, per dataset object (a view has its own, in its own index space): the file descriptor, the
 buffer and a small LRU of the blocks already read (the last :data:`REMEMBERED_BLOCKS`) are created
@@ -32,9 +35,12 @@ Off (the default) nothing here runs: the dataset holds no settings and loads exa
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
+import struct
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -75,6 +81,7 @@ class BlockSource(Protocol):
     """What a dataset offers block reads (:class:`lightning_lmdb.LMDBImageDataset` does)."""
 
     path: str
+    _count: int  # records in the database
 
     def __len__(self) -> int: ...
 
@@ -146,7 +153,6 @@ class _Reader:
         self.file: Any = None  # an unbuffered FileIO on the database file (closed when garbage-collected)
         self.identity: tuple[int, ...] | None = None  # the file it was opened on, as envs.Opened.identity
         self.buffer = bytearray()
-        self.mapping: tuple[Any, int, int] | None = None  # (weakref to the envs.Opened, map start, file offset at start)
         self.lock = threading.Lock()
         self.warned = False
 
@@ -166,7 +172,7 @@ class _Reader:
             rows = dataset._view_rows()
             rows = np.arange(start, stop) if rows is None else rows[start:stop]
             opened = dataset._opened()
-            span = _span(opened, rows, self._map_start)
+            span = _span(opened, rows, dataset._count)
             if span is None:
                 _COUNTERS.blocks_skipped += 1
                 return
@@ -180,16 +186,6 @@ class _Reader:
                 return
             _COUNTERS.blocks_read += 1
             _COUNTERS.bytes_read += got
-
-    def _map_start(self, opened: envs.Opened, address: int) -> int | None:
-        """The address of file offset 0 in ``opened``'s memory map (``address`` lies in it), or ``None`` if unknown."""
-        if self.mapping is not None and self.mapping[0]() is opened:
-            return self.mapping[1] - self.mapping[2]
-        found = _find_mapping(address, opened.identity[1])
-        if found is None:
-            return None
-        self.mapping = (weakref.ref(opened), *found)
-        return found[0] - found[1]
 
     def _read(self, opened: envs.Opened, offset: int, length: int) -> int:
         if self.file is None or self.identity != opened.identity:
@@ -207,49 +203,64 @@ class _Reader:
         return got
 
 
-def _span(opened: envs.Opened, rows: np.ndarray, map_start: Any) -> tuple[int, int] | None:
-    """``(offset, length)`` in the file of the page-aligned span holding the records ``rows``, or ``None`` if implausible.
+def _span(opened: envs.Opened, rows: np.ndarray, count: int) -> tuple[int, int] | None:
+    """``(offset, length)`` in the file of the page-aligned span from record ``min(rows)`` to the end of ``max(rows)``.
 
-    ``map_start(opened, address)`` gives the address of file offset 0 in the map (``None``: unknown).
+    ``None`` when a record cannot be located or the span is implausible for ``len(rows)`` of the file's ``count`` records.
     """
-    low, high, total = None, 0, 0
+    if not len(rows) or not _LAYOUT_KNOWN:
+        return None
+    file_bytes = opened.identity[2]
+    psize = opened.env.stat()["psize"]
     with opened.env.begin(buffers=True) as txn:
-        for row in rows.tolist():
-            value = txn.get(fmt.record_key(row), db=opened.records)
-            if value is None or len(value) == 0:  # a missing record is reported by the sample's own read
-                continue
-            address = np.frombuffer(value, np.uint8).__array_interface__["data"][0]  # no page touched
-            low = address if low is None else min(low, address)
-            high = max(high, address + len(value))
-            total += len(value)
-    if low is None:
+        cursor = txn.cursor(db=opened.records)
+        first, last = int(rows.min()), int(rows.max())
+        low = _locate(cursor, first, psize, file_bytes)
+        high = low if last == first else _locate(cursor, last, psize, file_bytes)
+    if low is None or high is None:
         return None
-    base = map_start(opened, low)
-    if base is None:
-        return None
-    low, high = low - base, high - base
-    offset = low - low % _PAGE
-    end = -(-high // _PAGE) * _PAGE
-    length = end - offset
-    if offset < 0 or length > MAX_SPAN_BYTES or length > SPAN_SLACK * total + 2 * _PAGE:
+    offset = low[0] - low[0] % _PAGE
+    end = -(-(high[0] + high[1]) // _PAGE) * _PAGE
+    length = min(end, file_bytes) - offset
+    expected = len(rows) * file_bytes / max(1, count)
+    if length <= 0 or length > MAX_SPAN_BYTES or length > SPAN_SLACK * expected + 2 * _PAGE:
         return None
     return offset, length
 
 
-def _find_mapping(address: int, inode: int) -> tuple[int, int] | None:
-    """``(start, file offset)`` of this process's memory mapping of the file ``inode`` that holds ``address``, from ``/proc/self/maps``."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split(maxsplit=5)
-                if len(fields) < 6 or int(fields[4]) != inode:
-                    continue
-                start, end = (int(a, 16) for a in fields[0].split("-"))
-                if start <= address < end:
-                    return start, int(fields[2], 16)
-    except (OSError, ValueError):
-        pass
-    return None
+# LMDB 0.9's page and node layout (lmdb's mdb.c), read only after a cursor has positioned on the node.
+_P_LEAF, _P_OVERFLOW, _F_BIGDATA, _PAGE_HEADER = 0x02, 0x04, 0x01, 16
+_LAYOUT_KNOWN = sys.byteorder == "little" and struct.calcsize("P") == 8  # pgno_t is a size_t; fields are native-endian
+
+
+def _locate(cursor: Any, row: int, psize: int, file_bytes: int) -> tuple[int, int] | None:
+    """``(file offset, size)`` of record ``row``'s value, from its leaf node (without touching the value's pages).
+
+    ``cursor.key()`` with ``buffers=True`` is a view of the key inside its leaf page; the node header precedes it
+    (``mn_lo``, ``mn_hi``: the data size; ``mn_flags``; ``mn_ksize``) and the data follows it: the value itself, or
+    for an overflow value (``F_BIGDATA``) the number of its first page, whose header (page number, flags, pages)
+    must agree. Anything unexpected gives ``None``.
+    """
+    key = fmt.record_key(row)
+    if not cursor.set_key(key):
+        return None
+    address = np.frombuffer(cursor.key(), np.uint8).__array_interface__["data"][0]
+    lo, hi, flags, ksize = struct.unpack("<HHHH", ctypes.string_at(address - 8, 8))
+    page = address - address % psize
+    pgno, _, page_flags = struct.unpack("<QHH", ctypes.string_at(page, 12))
+    if ksize != len(key) or ctypes.string_at(address, ksize) != key or not page_flags & _P_LEAF or (pgno + 1) * psize > file_bytes:
+        return None
+    size = lo | hi << 16
+    if not flags & _F_BIGDATA:
+        return pgno * psize + (address + ksize - page), size
+    (first,) = struct.unpack("<Q", ctypes.string_at(address + ksize, 8))
+    if (first + 1) * psize > file_bytes:
+        return None
+    overflow = page + (first - pgno) * psize  # the map holds page n at map + n * psize; set_key has read this one
+    number, _, overflow_flags, pages = struct.unpack("<QHHI", ctypes.string_at(overflow, 16))
+    if number != first or not overflow_flags & _P_OVERFLOW or pages * psize < size + _PAGE_HEADER:
+        return None
+    return first * psize + _PAGE_HEADER, size
 
 
 #: Per process: each dataset object's reader. Emptied in a forked child, which reopens what it needs.
