@@ -2,7 +2,8 @@
 
 Usage: python ddp_epoch_coverage.py SOURCE CACHE_DIR OUT_DIR BACKEND [SHUFFLE]
 
-SHUFFLE ``block``: a block shuffle over blocks of :data:`BLOCK_SIZE` records, with block reads for the LMDB backend.
+SHUFFLE ``block``: a block shuffle over blocks of :data:`BLOCK_SIZE` records, with block reads for the LMDB backend;
+``default`` (or none): the DataModule's ``shuffle=None`` (an exact shuffle for this small data, chosen by rank 0).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Recorder(pl.LightningModule):
 
 def main() -> None:
     source, cache_dir, out_dir, backend = sys.argv[1:5]
-    shuffle = {"block": "block", "true": True}[sys.argv[5] if len(sys.argv) > 5 else "true"]
+    shuffle = {"block": "block", "default": None}[sys.argv[5] if len(sys.argv) > 5 else "default"]  # None: rank 0 chooses
     dm = IndexedDataModule(source, backend=backend, cache_dir=cache_dir, batch_size=4, num_workers=1,
                            train_transform=eval_transform(8), build_workers=0, shuffle=shuffle)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
