@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 #: Bytes a block is sized to hold (see :func:`block_size_for`).
 BLOCK_BYTES = 4 * 2**20
-#: A span larger than this many times its records' bytes is not read (the records are not contiguous).
+#: A span larger than this many times the block's expected bytes is not read (its records are not contiguous).
 SPAN_SLACK = 4
 #: A span larger than this is never read.
 MAX_SPAN_BYTES = 64 * 2**20
@@ -106,7 +106,8 @@ class BlockReads:
         for name in ("block_size", "remember"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer.")
+                what = "records per block; or None for about 4 MiB of records" if name == "block_size" else "blocks remembered"
+                raise ValueError(f"{name}={value!r} must be a positive integer ({what}).")
 
     def before_load(self, dataset: BlockSource, index: int) -> None:
         """Read the block of sample ``index`` of ``dataset`` unless this process read it recently."""
