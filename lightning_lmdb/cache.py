@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["evict", "evict_tree", "resident_fraction"]
+__all__ = ["evict", "evict_tree", "resident_fraction", "resident_pages"]
 
 _PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -125,6 +125,22 @@ def resident_fraction(path: str | os.PathLike[str]) -> float:
         PermissionError: The caller neither owns nor may write the file, so ``mincore`` cannot tell.
         OSError: ``mmap`` or ``mincore`` failed.
     """
+    pages = resident_pages(path)
+    return float(np.count_nonzero(pages)) / len(pages) if len(pages) else 0.0
+
+
+def resident_pages(path: str | os.PathLike[str]) -> np.ndarray:
+    """Which pages of a file are in the page cache: one ``bool`` per ``mmap.PAGESIZE`` bytes (page ``i`` holds
+    bytes ``i * PAGESIZE`` onwards).
+
+    Measured as :func:`resident_fraction` (``mmap`` + ``mincore``), with the same refusal of files the caller
+    neither owns nor may write.
+
+    Raises:
+        FileNotFoundError: No such file.
+        PermissionError: The caller neither owns nor may write the file, so ``mincore`` cannot tell.
+        OSError: ``mmap`` or ``mincore`` failed.
+    """
     path = os.fspath(path)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -141,7 +157,7 @@ def resident_fraction(path: str | os.PathLike[str]) -> float:
             )
         size = st.st_size
         if size == 0:
-            return 0.0
+            return np.zeros(0, dtype=bool)
         addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr in (None, _MAP_FAILED):
             err = ctypes.get_errno()
@@ -152,9 +168,8 @@ def resident_fraction(path: str | os.PathLike[str]) -> float:
             if _libc.mincore(addr, size, vec) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"mincore on {path!r} failed: {os.strerror(err)}")
-            resident = int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8) & 1))
+            return (np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool)
         finally:
             _libc.munmap(addr, size)
-        return resident / pages
     finally:
         os.close(fd)

@@ -19,15 +19,15 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 from torchvision.datasets.folder import find_classes
 
-from lightning_lmdb import cache, netfs, shards, transforms
+from lightning_lmdb import blockread, cache, netfs, shards, transforms
 from lightning_lmdb.batchdecode import Collate, DeferredImages
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, close_environments
+from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, available_memory, close_environments
 from lightning_lmdb.decoders import DECODERS, Decoder
 from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.format import DatabaseError
 from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
-from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler
+from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler, Shuffle
 from lightning_lmdb.staging import stage, staged_path
 from lightning_lmdb.transforms import ResizedCrop
 from lightning_lmdb.writer import available_cores, build_lmdb, build_shards, find_bad_files
@@ -59,6 +59,12 @@ DEFAULT_VAL_FRACTION = 0.1
 def _on_disk(path: str | os.PathLike[str]) -> str:
     """``path`` on the disk, for a path through a latency mount (a cold-cache epoch evicts the disk's pages)."""
     return str(netfs.disk_path(path))
+
+
+def choose_shuffle(database_bytes: int, available: int) -> Shuffle:
+    """The training order ``shuffle=None`` picks: ``"block"`` when the data (``database_bytes``) does not fit in
+    ``available`` bytes of memory (an exact shuffle would then read it a page fault at a time), else ``True``."""
+    return "block" if database_bytes >= available else True
 
 
 def default_cache_dir() -> Path:
@@ -131,7 +137,15 @@ class LMDBDataModule(pl.LightningDataModule):
         prefetch_factor: Batches prefetched per worker (used only when ``num_workers > 0``).
         persistent_workers: Keep workers alive between epochs (used only when ``num_workers > 0``).
         drop_last: Drop the last incomplete training batch.
-        shuffle: Shuffle training samples (Lightning's distributed sampler keeps this under DDP).
+        shuffle: Order of the training samples: ``True`` (an exact shuffle), ``False`` (in order), ``"block"``
+            (a block shuffle: contiguous blocks of about 4 MiB of records in random order, mixed within windows
+            of 16 blocks, each block read in one large read; see :mod:`lightning_lmdb.sampler` and
+            :mod:`lightning_lmdb.blockread`), or ``None`` (the default) to choose at ``setup``
+            (:func:`choose_shuffle`): ``"block"`` when the training data -- the database file, or for the raw
+            backend the database it would serve, else the image files -- is at least the memory available,
+            else ``True`` (under DDP rank 0's choice holds for all ranks). ``"block"`` turns readahead off for
+            the training data unless ``readahead`` is given. The raw backend block-shuffles the file list the
+            same way (no block reads). Lightning's distributed sampler is never substituted for it.
         multiprocessing_context: Start method of the loader workers: ``"fork"``, ``"spawn"``, ``"forkserver"``
             or ``None`` (platform default).
         shared_filesystem: The nodes of a multi-node job share ``cache_dir``. ``prepare_data`` still runs on each
@@ -202,7 +216,7 @@ class LMDBDataModule(pl.LightningDataModule):
         prefetch_factor: int = 2,
         persistent_workers: bool = True,
         drop_last: bool = False,
-        shuffle: bool = True,
+        shuffle: bool | Literal["block"] | None = None,
         multiprocessing_context: StartMethod | None = None,
         shared_filesystem: bool = False,
         cold_cache: bool = False,
@@ -219,6 +233,9 @@ class LMDBDataModule(pl.LightningDataModule):
         for name, value, valid in choices:
             if value not in valid:
                 raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, valid))}.")
+        if not (shuffle is None or isinstance(shuffle, bool) or (isinstance(shuffle, str) and shuffle == "block")):
+            raise ValueError(f"shuffle={shuffle!r} is not one of True, False, 'block', None (None: 'block' when the training "
+                             "data does not fit in memory, else True).")
         number = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
         if val_fraction is not None and not (number and 0 <= val_fraction < 1):
             raise ValueError(f"val_fraction={val_fraction!r} must be in [0, 1), or None for 0.1 without val_dir and no split with one.")
@@ -293,6 +310,9 @@ class LMDBDataModule(pl.LightningDataModule):
         self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
         self.timings: dict[str, float] = {}
         self.datasets: dict[str, _ImageDataset] = {}
+        #: The training order chosen at ``setup("fit")`` (``shuffle``, or what ``None`` picked); ``None`` before.
+        self.train_shuffle: Shuffle | None = None
+        self._raw_data: dict[str, tuple[int, int]] = {}  # split -> (bytes, records) of what the raw backend serves
         self._train_loader: ResumableDataLoader | None = None
         self._pending_train_state: dict[str, Any] | None = None
 
@@ -401,6 +421,11 @@ class LMDBDataModule(pl.LightningDataModule):
             else:
                 train = full.view(None, self.train_transform)
             if fit:
+                self.train_shuffle = self._choose_shuffle(full)
+                if self.train_shuffle == "block" and isinstance(train, LMDBImageDataset):
+                    if self.readahead is None:  # this view only: validation keeps the automatic choice
+                        train.readahead = False
+                    train.read_blocks(True)
                 self.datasets["train"] = train
         if evaluate and self.dirs["val"] is not None:
             self.datasets["val"] = self._open("val").view(None, self.eval_transform)
@@ -410,6 +435,28 @@ class LMDBDataModule(pl.LightningDataModule):
             dataset.set_decoding(self.decoder, self._decode_size(dataset.transform), defer_jpeg=self.decode_device is not None)
         close_environments()  # the main process holds no environment once set up
         self.timings["setup_s"] = time.perf_counter() - started
+
+    def _choose_shuffle(self, full: _ImageDataset) -> Shuffle:
+        """``shuffle``, or (``None``) :func:`choose_shuffle` of the training data's size -- rank 0's, under DDP."""
+        if self.shuffle is not None:
+            return self.shuffle
+        if isinstance(full, LMDBImageDataset):
+            size = shards.database_bytes(full.path)
+        else:
+            size = self._raw_data.get("train", (0, 0))[0]
+        choice = choose_shuffle(size, available_memory())
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1:  # memory differs between ranks: they must agree on the order
+            choice = trainer.strategy.broadcast(choice, src=0)
+        return choice
+
+    def _train_block_size(self, dataset: _ImageDataset) -> int | None:
+        """Records per block of a block-shuffled training order: the database's blocks, also for the raw backend."""
+        if hasattr(dataset, "block_size"):
+            return dataset.block_size
+        if "train" in self._raw_data:
+            return blockread.block_size_for(*self._raw_data["train"])
+        return None
 
     def _decode_size(self, transform: Any) -> int | None:
         """The ``decode_size`` of a split: what its transform needs with ``"auto"``, else the setting."""
@@ -439,7 +486,10 @@ class LMDBDataModule(pl.LightningDataModule):
                 meta = None
             current = meta is not None and meta.source.fingerprint == scan.fingerprint()
             if current and meta.options.get("max_pixels") == self.build_options.max_pixels:
+                # the database's size: a block-shuffled order (and shuffle=None's choice) as the lmdb backend's
+                self._raw_data[split] = (shards.database_bytes(database), meta.count)
                 return RawImageDataset.from_metadata(folder, meta)
+        self._raw_data[split] = (scan.total_bytes, len(scan.files))
         if self.build_options.on_error != "skip":
             return RawImageDataset(folder)
         bad = find_bad_files(scan, max_pixels=self.build_options.max_pixels, workers=self.build_options.workers)
@@ -502,8 +552,10 @@ class LMDBDataModule(pl.LightningDataModule):
             settings["collate_fn"] = Collate(cast(ResizedCrop, dataset.transform))
         if not train:
             return DataLoader(dataset, shuffle=False, **settings)
-        sampler = ResumableSampler(dataset, shuffle=self.shuffle, seed=self.split_seed, drop_last=self.drop_last,
-                                   before_epoch=self._evict if self.cold_cache else None)
+        shuffle = self.train_shuffle if self.train_shuffle is not None else (True if self.shuffle is None else self.shuffle)
+        sampler = ResumableSampler(dataset, shuffle=shuffle, seed=self.split_seed, drop_last=self.drop_last,
+                                   before_epoch=self._evict if self.cold_cache else None,
+                                   block_size=self._train_block_size(dataset) if shuffle == "block" else None)
         return ResumableDataLoader(dataset, sampler, progress=self._batches_processed, drop_last=self.drop_last, **settings)
 
     def _evict(self) -> None:

@@ -39,6 +39,9 @@ LMDB environments (each point is a failure of the usual recipe, measured with py
   for records larger than a page -- slower than raw files -- when the database fits in RAM. It only
   pays when the database is much larger than RAM. The default (``None``) turns it on when the file is
   smaller than the memory available now, off otherwise; pass ``True``/``False`` to override.
+* Block reads (:meth:`LMDBImageDataset.read_blocks`, :mod:`lightning_lmdb.blockread`): with readahead off,
+  the first sample a process loads from a block of records reads the whole block in one large read,
+  for the block shuffle of ``ResumableSampler(shuffle="block")``. Off by default.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from lightning_lmdb import envs, shards
+from lightning_lmdb import blockread, envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred, defer
 from lightning_lmdb.codec import ImageDecodeError, decode_record
@@ -136,6 +139,7 @@ class _ImageDataset(Dataset):
     """
 
     _stats: LoaderStats | None = None  # None: unpickled outside a process start (or an old pickle)
+    _block_reads: blockread.BlockReads | None = None  # None: off (LMDBImageDataset.read_blocks)
     decoder: str = "pil"
     decode_size: int | None = None
     defer_jpeg: bool = False
@@ -275,6 +279,8 @@ class _ImageDataset(Dataset):
         stats = self._stats
         marks: list[float] | None = None if stats is None else [time.perf_counter()]
         row = self._row(index)
+        if self._block_reads is not None:  # the first sample of a block reads all of it (lightning_lmdb.blockread)
+            self._block_reads.before_load(self, index)
         target: Any = int(self._all_targets()[row])
         image = self._load(row, marks)
         if marks is not None:
@@ -370,6 +376,41 @@ class LMDBImageDataset(_ImageDataset):
         state["_targets"] = state["_paths"] = None  # read back from the database in the receiving process
         return state
 
+    @property
+    def block_size(self) -> int:
+        """Records per block: those of :meth:`read_blocks` when on, else enough for a block of about 4 MiB
+        (:func:`lightning_lmdb.blockread.block_size_for` of the file size and record count).
+
+        ``ResumableSampler(shuffle="block")`` takes its ``block_size`` from here, so its blocks are the blocks read.
+        """
+        if self._block_reads is not None:
+            return self._block_reads.block_size
+        return blockread.block_size_for(shards.database_bytes(self.path), self._count)
+
+    def read_blocks(self, enabled: bool = True, block_size: int | None = None) -> LMDBImageDataset:
+        """Read each block's bytes in one large read the first time a process loads a sample of it (see :mod:`lightning_lmdb.blockread`).
+
+        Block ``b`` is samples ``b * block_size`` to ``(b + 1) * block_size - 1`` of this dataset (view).
+        Worth it with readahead off and a block-shuffled order (``ResumableSampler(shuffle="block")``);
+        the samples are the same either way. Views made afterwards inherit the setting.
+
+        Args:
+            enabled: Turn block reads on (``False``: off, the default state).
+            block_size: Records per block (``None``: :attr:`block_size`, about 4 MiB of records).
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ValueError: ``block_size`` is not a positive integer.
+        """
+        if not enabled:
+            self._block_reads = None
+            return self
+        size = self.block_size if block_size is None else block_size
+        self._block_reads = blockread.BlockReads(size)
+        return self
+
     def _all_targets(self) -> np.ndarray:
         if self._targets is None:
             self._targets = self._read_meta().targets
@@ -389,6 +430,16 @@ class LMDBImageDataset(_ImageDataset):
                 self._check_same_database()
             return meta
         return fmt.read_meta(self._opened(0).env, self.path, arrays=arrays)
+
+    def _parts_of(self, rows: np.ndarray) -> list[tuple[envs.Opened, np.ndarray, int]]:
+        """For block reads: each database file holding some of ``rows``, with those rows numbered in it, and its record count."""
+        ends = [*self._starts[1:], self._count]
+        found = []
+        for part, (start, end) in enumerate(zip(self._starts, ends, strict=True)):
+            mine = rows[(rows >= start) & (rows < end)]
+            if len(mine):
+                found.append((self._opened(part), mine - start, end - start))
+        return found
 
     def _name(self, row: int) -> str:
         return f"{self.path}[{row}] ({self._path_table()[row]})"

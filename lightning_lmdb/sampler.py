@@ -5,6 +5,11 @@
   each rank gets an equal share, padded unless ``drop_last``). Its only state is one number: how many
   of this rank's samples of the current epoch were consumed. Resuming skips them -- nothing is
   replayed, no worker keeps any bookkeeping, so ``num_workers`` may change between runs.
+* Block shuffle (``shuffle="block"``), for data larger than RAM: the epoch visits contiguous blocks of
+  ``block_size`` records in a random order, shuffling the records of each group of ``window`` consecutive
+  blocks of that order together, and each rank takes a contiguous slice of it (see
+  :meth:`ResumableSampler.block_order`). With :meth:`lightning_lmdb.LMDBImageDataset.read_blocks` a worker
+  then reads each block's bytes in one large read instead of one page fault at a time.
 * :class:`ResumableDataLoader` -- a ``DataLoader`` with ``state_dict()`` / ``load_state_dict()``, the
   contract Lightning (>= 2.2) uses to save a training loader's position in a checkpoint and restore it
   with ``trainer.fit(ckpt_path=...)``. By default the position is the number of batches this loader
@@ -14,51 +19,96 @@
 
 A saved position names its epoch: it is applied only when the loader next iterates that epoch, so a
 state saved at an epoch boundary never skips the next epoch. A change of world size, dataset size,
-batch size, seed or shuffle between save and resume is refused with a message saying what differs
-(the remaining samples of that epoch are not defined on another split).
+batch size, seed or shuffle (and, for a block shuffle, block size or window) between save and resume is refused
+with a message saying what differs (the remaining samples of that epoch are not defined on another split).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+#: The training order: ``True`` (exact shuffle), ``False`` (in order) or ``"block"`` (block shuffle).
+Shuffle = bool | Literal["block"]
+#: Records per block of a block shuffle over a dataset that does not say (no ``block_size`` attribute).
+DEFAULT_BLOCK_SIZE = 64
+#: Blocks whose records a block shuffle mixes together.
+DEFAULT_WINDOW = 16
+
 #: Keys of a saved position that must match on resume.
 _MUST_MATCH = ("world_size", "dataset_size", "batch_size", "seed", "shuffle", "drop_last")
+#: Keys that must match too when they are saved (a block shuffle's): absent from positions of other orders.
+_MUST_MATCH_IF_SAVED = ("block_size", "window")
+
+
+def _positive(name: str, value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer ({what}).")
+    return int(value)
 
 
 class ResumableSampler(DistributedSampler):
-    """``DistributedSampler`` that can start an epoch part-way, and an optional hook before each epoch.
+    """``DistributedSampler`` that can start an epoch part-way, block-shuffle, and call a hook before each epoch.
+
+    ``shuffle=True`` and ``False`` are ``DistributedSampler``'s orders exactly. ``shuffle="block"`` is a
+    block shuffle (:meth:`block_order`): the same padding or dropping as ``DistributedSampler`` (so the same
+    samples, each exactly once over the ranks when the length divides evenly), but each rank takes a
+    *contiguous* slice of the epoch's order instead of every ``num_replicas``-th sample. Interleaving would
+    hand every rank a share of every block, so every rank would read every block (``num_replicas`` times
+    the reads of the data, and no rank would find the block it needs already read); a contiguous slice
+    gives each rank its own whole blocks, apart from the two groups of blocks at the slice's ends.
 
     Args:
-        dataset: The dataset (only its length is used).
-        shuffle: Shuffle, seeded by ``seed + epoch`` (the same on every rank).
+        dataset: The dataset (its length, and its ``block_size`` attribute if it has one).
+        shuffle: ``True``: a permutation seeded by ``seed + epoch`` (the same on every rank); ``False``: in
+            order; ``"block"``: a block shuffle seeded the same way.
         seed: Seed of the order.
         drop_last: Drop the tail so ranks get equal shares instead of padding.
         num_replicas: World size (default: from ``torch.distributed`` when initialised, else 1).
         rank: This rank (default: from ``torch.distributed`` when initialised, else 0).
         before_epoch: Called in the main process each time an epoch's iteration starts (e.g. evict the
             data from the page cache for a cold-cache epoch).
+        block_size: Records per block of the block shuffle (``None``: the dataset's ``block_size`` when it
+            has one -- an :class:`~lightning_lmdb.LMDBImageDataset`'s makes a block about 4 MiB --, else
+            :data:`DEFAULT_BLOCK_SIZE`). Used only with ``shuffle="block"``.
+        window: Blocks whose records are shuffled together (more mixing, more blocks in flight at once).
+            Used only with ``shuffle="block"``.
+
+    Raises:
+        ValueError: ``shuffle`` is not ``True``, ``False`` or ``"block"``; ``block_size`` or ``window`` is not a
+            positive integer.
     """
 
     def __init__(
         self,
         dataset: Dataset,
         *,
-        shuffle: bool = True,
+        shuffle: Shuffle = True,
         seed: int = 0,
         drop_last: bool = False,
         num_replicas: int | None = None,
         rank: int | None = None,
         before_epoch: Callable[[], None] | None = None,
+        block_size: int | None = None,
+        window: int = DEFAULT_WINDOW,
     ):
+        if not (isinstance(shuffle, bool) or (isinstance(shuffle, str) and shuffle == "block")):
+            raise ValueError(f"shuffle={shuffle!r} is not one of True, False, 'block'.")
+        if block_size is None:
+            block_size = (getattr(dataset, "block_size", None) if shuffle == "block" else None) or DEFAULT_BLOCK_SIZE
+        self.block_size = _positive("block_size", block_size, "records per block of shuffle='block'")
+        self.window = _positive("window", window, "blocks shuffled together by shuffle='block'")
         distributed = dist.is_available() and dist.is_initialized()
         num_replicas = num_replicas if num_replicas is not None else (dist.get_world_size() if distributed else 1)
         rank = rank if rank is not None else (dist.get_rank() if distributed else 0)
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=bool(shuffle), seed=seed, drop_last=drop_last)
+        self.shuffle: Shuffle = shuffle  # type: ignore[assignment]
         self.before_epoch = before_epoch
         self._skip: tuple[int, int] | None = None  # (epoch, samples of it already consumed)
 
@@ -79,8 +129,47 @@ class ResumableSampler(DistributedSampler):
         self._skip = None  # a resume applies to one iteration only
         if self.before_epoch is not None:
             self.before_epoch()
-        order = list(super().__iter__())
+        order = self._block_share() if self.shuffle == "block" else list(super().__iter__())
         return iter(order[start:])
+
+    def block_order(self) -> np.ndarray:
+        """The whole epoch's block-shuffle order over all ranks (before padding), a pure function of ``(seed, epoch)``.
+
+        ``range(len(dataset))`` is cut into consecutive blocks of ``block_size`` records (the last may be
+        shorter); the blocks are permuted by a ``torch.Generator`` seeded with ``seed + epoch``; the permuted
+        blocks are taken in consecutive groups of ``window``, and the records of each group are shuffled
+        together (same generator). So a record stays within its group: a worker reading the order meets at
+        most ``window`` blocks at a time, each read once.
+        """
+        size = len(self.dataset)  # type: ignore[arg-type]
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        blocks = math.ceil(size / self.block_size)
+        permuted = torch.randperm(blocks, generator=generator).numpy()
+        dtype = np.int32 if size < 2**31 else np.int64
+        order = np.empty(size, dtype=dtype)
+        done = 0
+        for first in range(0, blocks, self.window):
+            group = permuted[first:first + self.window]
+            starts = group.astype(np.int64) * self.block_size
+            ends = np.minimum(starts + self.block_size, size)
+            indices = np.concatenate([np.arange(a, b, dtype=dtype) for a, b in zip(starts, ends)])
+            mixed = indices[torch.randperm(len(indices), generator=generator).numpy()]
+            order[done:done + len(mixed)] = mixed
+            done += len(mixed)
+        return order
+
+    def _block_share(self) -> list[int]:
+        """This rank's contiguous slice of :meth:`block_order`, padded or cut exactly as ``DistributedSampler`` does."""
+        order = self.block_order().tolist()
+        if not self.drop_last:
+            padding = self.total_size - len(order)
+            if padding <= len(order):
+                order += order[:padding]
+            else:
+                order += (order * math.ceil(padding / len(order)))[:padding]
+        else:
+            order = order[:self.total_size]
+        return order[self.rank * self.num_samples:(self.rank + 1) * self.num_samples]
 
 
 class ResumableDataLoader(DataLoader):
@@ -127,6 +216,7 @@ class ResumableDataLoader(DataLoader):
             "seed": sampler.seed,
             "shuffle": sampler.shuffle,
             "drop_last": sampler.drop_last,
+            **({"block_size": sampler.block_size, "window": sampler.window} if sampler.shuffle == "block" else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -134,11 +224,12 @@ class ResumableDataLoader(DataLoader):
 
         Raises:
             ValueError: The position was saved with another world size, dataset size, batch size, seed,
-                shuffle or drop_last (named), so "the samples that were next" are not defined here.
+                shuffle, drop_last, or (block shuffle) block size or window (named), so "the samples that were next" are not defined here.
         """
         sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
         here = self.state_dict()
-        differ = [f"{key}={state.get(key)!r} then, {here[key]!r} now" for key in _MUST_MATCH if state.get(key) != here[key]]
+        keys = (*_MUST_MATCH, *(k for k in _MUST_MATCH_IF_SAVED if k in state or k in here))
+        differ = [f"{key}={state.get(key)!r} then, {here.get(key)!r} now" for key in keys if state.get(key) != here.get(key)]
         if differ:
             raise ValueError(
                 "Cannot resume the training loader mid-epoch: it was saved with " + "; ".join(differ) + ". The remaining "

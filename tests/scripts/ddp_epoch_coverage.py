@@ -1,6 +1,9 @@
 """Run by tests/test_datamodule.py: 2-process CPU DDP (gloo) fit that records which samples each rank saw.
 
-Usage: python ddp_epoch_coverage.py SOURCE CACHE_DIR OUT_DIR BACKEND
+Usage: python ddp_epoch_coverage.py SOURCE CACHE_DIR OUT_DIR BACKEND [SHUFFLE]
+
+SHUFFLE ``block``: a block shuffle over blocks of :data:`BLOCK_SIZE` records, with block reads for the LMDB backend;
+``default`` (or none): the DataModule's ``shuffle=None`` (an exact shuffle for this small data, chosen by rank 0).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from torch.utils.data import Dataset
 from lightning_lmdb import LMDBDataModule
 from lightning_lmdb.transforms import eval_transform
 
+#: Records per block with SHUFFLE=block (small, so that the 36 training samples make more than one window of blocks).
+BLOCK_SIZE = 2
+
 
 class WithIndex(Dataset):
     """Wraps a dataset so each sample also carries its index."""
@@ -30,10 +36,16 @@ class WithIndex(Dataset):
         image, target = self.inner[i]
         return image, target, i
 
+    @property
+    def block_size(self) -> int:
+        return getattr(self.inner, "block_size", BLOCK_SIZE)
+
 
 class IndexedDataModule(LMDBDataModule):
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
+        if self.train_shuffle == "block" and hasattr(self.datasets["train"], "read_blocks"):
+            self.datasets["train"].read_blocks(True, block_size=BLOCK_SIZE)
         self.datasets["train"] = WithIndex(self.datasets["train"])
 
 
@@ -59,8 +71,9 @@ class Recorder(pl.LightningModule):
 
 def main() -> None:
     source, cache_dir, out_dir, backend = sys.argv[1:5]
+    shuffle = {"block": "block", "default": None}[sys.argv[5] if len(sys.argv) > 5 else "default"]  # None: rank 0 chooses
     dm = IndexedDataModule(source, backend=backend, cache_dir=cache_dir, batch_size=4, num_workers=1,
-                           train_transform=eval_transform(8), build_workers=0)
+                           train_transform=eval_transform(8), build_workers=0, shuffle=shuffle)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     trainer.fit(Recorder(Path(out_dir)), datamodule=dm)
