@@ -30,6 +30,7 @@ import os
 import platform
 import sys
 import time
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import make_photo_folder  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from lightning_lmdb import build_lmdb, cache, envs  # noqa: E402
+from lightning_lmdb import build_lmdb, cache, envs, shards  # noqa: E402
 from lightning_lmdb import format as fmt  # noqa: E402
 from lightning_lmdb.dataset import LMDBImageDataset  # noqa: E402
 from lightning_lmdb.loadstats import touch_pages  # noqa: E402
@@ -59,9 +60,10 @@ class RecordBytes(LMDBImageDataset):
     """The record's length instead of its image: its pages are touched (read), nothing is decoded."""
 
     def _load(self, row: int, marks: list[float] | None = None) -> Any:
-        opened = self._opened()
+        part = bisect_right(self._starts, row) - 1  # one file, or the shard holding the row
+        opened = self._opened(part)
         with opened.env.begin(buffers=True) as txn:
-            value = txn.get(fmt.record_key(row), db=opened.records)
+            value = txn.get(fmt.record_key(row - self._starts[part]), db=opened.records)
             touch_pages(value)
             return len(value)
 
@@ -72,8 +74,9 @@ def read_epoch(path: Path, shuffle: Any, readahead: bool, block_reads: bool, wor
     dataset = RecordBytes(path, readahead=readahead).read_blocks(block_reads)
     order = list(ResumableSampler(dataset, shuffle=shuffle, seed=0))[:limit]
     envs.close_all()
-    cache.evict([path], sync=True)
-    cached = cache.resident_fraction(path)
+    files = shards.database_files(path)
+    cache.evict(files, sync=True)
+    cached = max(cache.resident_fraction(f) for f in files)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=order, num_workers=workers, persistent_workers=False)
     started = time.perf_counter()
     records = read = 0
@@ -104,7 +107,7 @@ def main() -> None:
     else:
         source = args.source or make_photo_folder(args.dir / f"photos_{args.count}", args.count)
         database = build_lmdb(source, args.dir / f"{Path(source).name}.lmdb")
-    size, count = database.stat().st_size, len(LMDBImageDataset(database))
+    size, count = shards.database_bytes(database), len(LMDBImageDataset(database))
     print(f"{database}: {count} records, {size / 1e6:.0f} MB ({size / count / 1e3:.1f} KB a record); "
           f"{len(os.sched_getaffinity(0))} cores; block size {LMDBImageDataset(database).block_size} records")
     rows = []
