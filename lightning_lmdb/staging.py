@@ -157,7 +157,7 @@ def _stage_sharded(source: Path, local_dir: str | os.PathLike[str], block_size: 
             _fsync_dir(target)
     shards.load_meta(target)  # the copies match the manifest (counts, build ids, header digests)
     actions = {r.action for r in reports}
-    action = "copied" if "copied" in actions else "resumed" if "resumed" in actions else "up-to-date"
+    action = "resumed" if "resumed" in actions else "copied" if "copied" in actions else "up-to-date"
     return StageReport(target, action, sum(r.bytes_copied for r in reports), time.perf_counter() - started)
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 from imagegen import make_folder, make_jpegs
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, staging
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, shards, staging
 from lightning_lmdb.dataset import close_environments
+from lightning_lmdb.format import DatabaseError
 
 BLOCK = 16 << 10
 
@@ -56,6 +57,23 @@ def test_a_killed_copy_resumes_from_its_last_intact_block(database: Path, tmp_pa
     assert report.action == "resumed" and report.bytes_copied == database.stat().st_size - 2 * BLOCK
     assert report.path.read_bytes() == database.read_bytes()
     assert not partial.exists() and not partial.with_name("train.lmdb.staging.json").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_copy_of_a_sharded_database_resumes_and_is_whole_only_at_the_end(database: Path, tmp_path: Path) -> None:
+    folder = build_lmdb(tmp_path / "src", tmp_path / "shared" / "sharded.lmdb", shards=2, workers=0, progress=False)
+    script = f"from lightning_lmdb import staging; staging.stage({str(folder)!r}, {str(tmp_path / 'local')!r}, block_size={BLOCK})"
+    killed = subprocess.run([sys.executable, "-c", script], env={**os.environ, staging.FAULT_ENV: "3"}, capture_output=True, timeout=120)
+    assert killed.returncode == 17, killed.stderr
+    copy = tmp_path / "local" / "sharded.lmdb"
+    assert not (copy / "manifest.json").exists(), "the manifest comes last: a killed copy is never a database"
+    with pytest.raises(DatabaseError):
+        LMDBImageDataset(copy)
+    report = staging.stage(folder, tmp_path / "local", block_size=BLOCK)
+    total = sum(p.stat().st_size for p in shards.database_files(folder))
+    assert report.action == "resumed" and report.bytes_copied == total - 3 * BLOCK
+    assert _samples(copy) == _samples(folder) == _samples(database)
+    assert staging.stage(folder, tmp_path / "local", block_size=BLOCK).action == "up-to-date"
 
 
 def test_a_copy_that_reads_back_differently_is_refused_and_deleted(database: Path, tmp_path: Path,
