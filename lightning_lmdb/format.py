@@ -298,7 +298,7 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
         digest = txn.get(META_DIGEST_KEY)
         if digest is None or bytes(digest) != _digest(raw):
             raise DatabaseError(f"Metadata header of {str(path)!r} does not match its digest: the database is damaged; rebuild it.")
-        get = _Fields(obj, path)
+        get = JsonFields(obj, path)
         count = get("count", int)
         digests = get.dict_of("arrays", str)
         read = _ArrayReader(txn, path, count, digests)
@@ -313,7 +313,7 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
             checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
         meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str))
         if "shard" in obj:
-            shard = _Fields(get("shard", dict), path, "shard.")
+            shard = JsonFields(get("shard", dict), path, "shard.")
             info = ShardInfo(*(shard(name, int) for name in ("index", "of", "start", "stop", "scan_files")),
                              shard("scan_fingerprint", str))
             meta = dataclasses.replace(meta, shard=info)
@@ -332,7 +332,7 @@ def _check_version(obj: Any, path: str | os.PathLike[str]) -> int:
     return version
 
 
-def _meta(get: _Fields, version: int, count: int, targets: np.ndarray, paths: PathTable | None, checksums: np.ndarray | None,
+def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths: PathTable | None, checksums: np.ndarray | None,
           build_id: str | None) -> Metadata:
     """The fields both versions share, validated."""
     if count < 0:
@@ -340,10 +340,10 @@ def _meta(get: _Fields, version: int, count: int, targets: np.ndarray, paths: Pa
     storage = get("storage", str)
     if storage not in STORAGES:
         get.fail("storage", f"is {storage!r}, not one of {STORAGES}")
-    source = _Fields(get("source", dict), get.path, "source.")
+    source = JsonFields(get("source", dict), get.path, "source.")
     skipped = []
     for i, item in enumerate(get("skipped", list)):
-        entry = _Fields(item if isinstance(item, dict) else get.fail(f"skipped[{i}]", "is not an object"), get.path, f"skipped[{i}].")
+        entry = JsonFields(item if isinstance(item, dict) else get.fail(f"skipped[{i}]", "is not an object"), get.path, f"skipped[{i}].")
         skipped.append(Skipped(entry("path", str), entry("reason", str)))
     targets.flags.writeable = False
     return Metadata(
@@ -366,7 +366,7 @@ def _meta(get: _Fields, version: int, count: int, targets: np.ndarray, paths: Pa
 
 
 def _meta_v1(obj: dict[str, Any], path: str | os.PathLike[str]) -> Metadata:
-    get = _Fields(obj, path)
+    get = JsonFields(obj, path)
     count = get("count", int)
     targets = np.array(get.list_of("targets", int, length=count), dtype=np.int32)
     paths = PathTable.from_strings(get.list_of("paths", str, length=count))
@@ -436,7 +436,7 @@ def raise_no_meta(txn: lmdb.Transaction, path: str | os.PathLike[str]) -> None:
     )
 
 
-class _Fields:
+class JsonFields:
     """Typed access to one JSON object's fields; a missing field or wrong type is a ``DatabaseError`` naming it."""
 
     def __init__(self, obj: dict[str, Any], path: str | os.PathLike[str], prefix: str = ""):

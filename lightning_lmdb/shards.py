@@ -137,11 +137,11 @@ def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
         raise fmt.DatabaseError(f"{str(path)!r} is not valid JSON ({exc}): delete it and rerun the build to write it again.") from exc
     if not isinstance(obj, dict) or obj.get("format") != fmt.FORMAT_NAME or obj.get("layout") != "sharded":
         raise fmt.DatabaseError(f"{str(path)!r} is not a lightning_lmdb shard manifest. Build one with lightning-lmdb build --shards K.")
-    get = fmt._Fields(obj, path)
+    get = fmt.JsonFields(obj, path)
     count = get("count", int)
     parts, offset = [], 0
     for i, entry in enumerate(get("shards", list)):
-        item = fmt._Fields(entry if isinstance(entry, dict) else get.fail(f"shards[{i}]", "is not an object"), path, f"shards[{i}].")
+        item = fmt.JsonFields(entry if isinstance(entry, dict) else get.fail(f"shards[{i}]", "is not an object"), path, f"shards[{i}].")
         name = item("file", str)
         if name != shard_name(i, len(obj["shards"])):
             item.fail("file", f"is {name!r}, not {shard_name(i, len(obj['shards']))!r}")
@@ -369,8 +369,8 @@ def load_meta(path: str | os.PathLike[str], *, arrays: bool = False) -> fmt.Meta
             )
         metas.append(meta)
     header = manifest.header
-    get = fmt._Fields(header, path / MANIFEST_NAME)
-    source = fmt._Fields(get("source", dict), path / MANIFEST_NAME, "source.")
+    get = fmt.JsonFields(header, path / MANIFEST_NAME)
+    source = fmt.JsonFields(get("source", dict), path / MANIFEST_NAME, "source.")
     joined = replace(
         metas[0],
         count=manifest.count,
