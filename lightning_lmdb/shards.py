@@ -358,6 +358,11 @@ def load_meta(path: str | os.PathLike[str], *, arrays: bool = False) -> fmt.Meta
     manifest = manifest_of(path)
     metas = []
     for part in manifest.parts:
+        if not os.path.exists(part.path):
+            raise fmt.DatabaseError(
+                f"{part.path!r}, a shard of {str(path)!r}, is missing. Build it again: lightning-lmdb build SOURCE {path} "
+                f"--shards {len(manifest.parts)} (it rebuilds only what is missing)."
+            )
         with envs.reading(part.path) as opened:
             meta = fmt.read_meta(opened.env, part.path, arrays=arrays)
             with opened.env.begin() as txn:

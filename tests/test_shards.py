@@ -152,6 +152,16 @@ def test_rebuild_and_replaced_shards(image_folder: Path, tmp_path: Path) -> None
     _same_database(folder, build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False))
 
 
+def test_a_missing_shard_is_named_and_rebuilt_alone(image_folder: Path, tmp_path: Path) -> None:
+    folder = build_lmdb(image_folder, tmp_path / "db.lmdb", shards=3, progress=False)
+    shards.database_files(folder)[1].unlink()
+    with pytest.raises(fmt.DatabaseError, match=r"shard-00001-of-00003\.lmdb', a shard of .* is missing.*--shards 3"):
+        LMDBImageDataset(folder)
+    report = build(image_folder, folder, shards=3, progress=False)
+    assert report.action == "built" and report.records_written == shards.parts(folder)[1].count
+    _same_database(folder, build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False))
+
+
 def test_layouts_never_replace_each_other(image_folder: Path, tmp_path: Path) -> None:
     single = build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False)
     with pytest.raises(FileExistsError, match="is a file"):
