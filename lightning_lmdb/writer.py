@@ -219,9 +219,11 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
         _retire_manifest(folder, count_of)
     ranges = shards.shard_ranges(len(scan.files), count_of)
     todo = list(range(count_of)) if indices is None else sorted(set(indices))
-    jobs = [_ShardJob(_sub_scan(scan, *ranges[i], with_special=i == 0), folder / shards.shard_name(i, count_of),
-                      fmt.ShardInfo(i, count_of, *ranges[i], len(scan.files), scan.fingerprint())) for i in todo]
     workers = available_cores() if options.workers is None else options.workers
+    lines = max(1, min(workers, len(todo)))  # one progress line per concurrent shard process
+    jobs = [_ShardJob(_sub_scan(scan, *ranges[i], with_special=i == 0), folder / shards.shard_name(i, count_of),
+                      fmt.ShardInfo(i, count_of, *ranges[i], len(scan.files), scan.fingerprint()), n % lines)
+            for n, i in enumerate(todo)]
     if len(jobs) == 1 or workers <= 1:  # one shard: its files read by this build's pool (or in this process with workers=0)
         reports = [_build_shard(job, options) for job in jobs]
     else:  # one process per shard, each reading, decoding and writing in-process: no pipe between readers and a writer
@@ -245,7 +247,7 @@ class _ShardJob:
     scan: SourceScan
     path: Path
     info: fmt.ShardInfo
-
+    line: int  # its progress bar's line
 
 def _sub_scan(scan: SourceScan, start: int, stop: int, *, with_special: bool) -> SourceScan:
     """The part of ``scan`` one shard covers (the scan's non-regular files go with shard 0, as first entries of its skipped)."""
@@ -258,7 +260,7 @@ def _build_shard(job: _ShardJob, options: BuildOptions) -> BuildReport:
         meta = _existing_meta(job.path)
         if meta is not None and not options.overwrite and _is_current(meta, job.scan, options.content()) and meta.shard == job.info:
             return BuildReport(job.path, "up-to-date", 0, meta.count, meta.skipped)
-        return _Writer(job.scan, job.path, options, job.info).run()
+        return _Writer(job.scan, job.path, options, job.info, job.line).run()
 
 
 def _existing_sharded_meta(folder: Path) -> tuple[fmt.Metadata, int] | None:
@@ -375,8 +377,9 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
 class _Writer:
     """One build of ``scan`` into ``target``: resume or start the partial file, fill it, finish it."""
 
-    def __init__(self, scan: SourceScan, target: Path, options: BuildOptions, shard: fmt.ShardInfo | None = None):
-        self.scan, self.target, self.on_error, self.shard = scan, target, options.on_error, shard
+    def __init__(self, scan: SourceScan, target: Path, options: BuildOptions, shard: fmt.ShardInfo | None = None,
+                 line: int | None = None):
+        self.scan, self.target, self.on_error, self.shard, self.line = scan, target, options.on_error, shard, line
         self.options = options.content()  # what shapes the contents: compared on resume, stored in the metadata
         self.workers = available_cores() if options.workers is None else options.workers
         self.commit_every, self.progress = options.commit_every, options.progress
@@ -481,7 +484,7 @@ class _Writer:
         batch: list[tuple[bytes, bytes, str]] = []
         batch_bytes = 0
         bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress,
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, position=self.line)
         started, nbytes = time.perf_counter(), 0
         with _read_files(tasks, self.workers) as results:
             for index, value, digest in results:
