@@ -22,7 +22,6 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -228,8 +227,10 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
         reports = [_build_shard(job, options) for job in jobs]
     else:  # one process per shard, each reading, decoding and writing in-process: no pipe between readers and a writer
         per_shard = options.replace(workers=0)
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context()) as pool:
-            reports = list(pool.map(_build_shard, jobs, [per_shard] * len(jobs)))
+        # multiprocessing's Pool terminates its processes when this block exits on an error or Ctrl-C (what is
+        # committed stays: a rerun resumes each shard); an executor would wait for every running shard to finish
+        with multiprocessing.get_context().Pool(min(workers, len(jobs)), maxtasksperchild=1) as pool:
+            reports = pool.starmap(_build_shard, [(job, per_shard) for job in jobs], chunksize=1)
     written = sum(r.records_written for r in reports)
     actions = {r.action for r in reports}
     action = "built" if "built" in actions else "resumed" if "resumed" in actions else "up-to-date"

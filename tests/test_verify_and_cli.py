@@ -257,12 +257,14 @@ _SLOW_BUILD = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_a_parallel_build_prints_one_line_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("layout", [[], ["--shards", "2"]], ids=["one-file", "sharded"])
+def test_ctrl_c_during_a_parallel_build_prints_one_line_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   layout: list[str]) -> None:
     source = make_jpegs(tmp_path / "src", 80, size=16)
     target = tmp_path / "db.lmdb"
-    marks = tmp_path / "marks"  # one file per task a worker started: "<worker pid>-<task index>"
+    marks = tmp_path / "marks"  # one file per task a worker (or shard process) started: "<pid>-<task index>"
     marks.mkdir()
-    args = ["build", str(source), str(target), "--workers", "2", "--quiet", "--commit-every", "2"]
+    args = ["build", str(source), str(target), "--workers", "2", "--quiet", "--commit-every", "2", *layout]
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env={**os.environ, "MARKS": str(marks)})
     try:
@@ -283,7 +285,7 @@ def test_ctrl_c_during_a_parallel_build_prints_one_line_and_resumes(tmp_path: Pa
     assert proc.returncode == 130, err
     assert "Traceback" not in err, "no worker process may print a traceback"
     assert err.splitlines() == ["lightning-lmdb build: interrupted; rerun to resume"]
-    assert main(["build", str(source), str(target), "--workers", "0", "--quiet"]) == 0
+    assert main(["build", str(source), str(target), "--workers", "0", "--quiet", *layout]) == 0
     assert "resumed, 80 records" in capsys.readouterr().out
 
 
