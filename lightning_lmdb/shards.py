@@ -46,6 +46,7 @@ import numpy as np
 
 from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
+from lightning_lmdb.options import CONTENT_OPTIONS
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = "build-lock"
@@ -248,7 +249,7 @@ def _check_one_build(folder: Path, metas: list[fmt.Metadata]) -> None:
                 "rebuilds the shards that do not match the source now.")
         elif shard.start != stop:
             problem = f"starts at file {shard.start}, but the shards before it end at {stop}"
-        elif (meta.storage, meta.options, meta.classes) != (first.storage, first.options, first.classes):
+        elif (meta.storage, _content(meta), meta.classes) != (first.storage, _content(first), first.classes):
             problem = "was built with other options or classes than shard 0"
         if problem:
             raise fmt.DatabaseError(f"{str(folder / name)!r} {problem}. Rebuild it: lightning-lmdb build SOURCE {folder} "
@@ -256,6 +257,11 @@ def _check_one_build(folder: Path, metas: list[fmt.Metadata]) -> None:
         stop = shard.stop
     if first.shard is not None and stop != first.shard.scan_files:
         raise fmt.DatabaseError(f"The shards of {str(folder)!r} cover {stop} of {first.shard.scan_files} files; rebuild the folder.")
+
+
+def _content(meta: fmt.Metadata) -> dict[str, Any]:
+    """The options that shape a shard's records (``on_error`` does not: its shards may differ in it, e.g. after a rerun with skip)."""
+    return {key: meta.options.get(key) for key in CONTENT_OPTIONS}
 
 
 def _manifest(folder: Path, metas: list[fmt.Metadata], digests: list[str | None]) -> dict[str, Any]:
@@ -279,7 +285,9 @@ def _manifest(folder: Path, metas: list[fmt.Metadata], digests: list[str | None]
         "checksum": first.checksum,
         "source": {"root": first.source.root, "num_files": sum(m.source.num_files for m in metas),
                    "bytes": sum(m.source.bytes for m in metas), "fingerprint": first.shard.scan_fingerprint},
-        "options": first.options,
+        # "skip" when any shard was built (or finished) with it, as one file resumed with on_error="skip" would say
+        "options": {**first.options, "on_error": "skip" if any(m.options.get("on_error") == "skip" for m in metas)
+                    else first.options.get("on_error", "raise")},
         "skipped": [{"path": s.path, "reason": s.reason} for m in metas for s in m.skipped],
         "created": max(m.created for m in metas),
         "library_version": first.library_version,
@@ -380,6 +388,7 @@ def load_meta(path: str | os.PathLike[str], *, arrays: bool = False) -> fmt.Meta
         metas[0],
         count=manifest.count,
         source=fmt.SourceInfo(source("root", str), source("num_files", int), source("bytes", int), source("fingerprint", str)),
+        options=get("options", dict),
         skipped=[s for m in metas for s in m.skipped],
         created=get("created", str),
         build_id=manifest.build_id,

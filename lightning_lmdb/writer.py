@@ -494,9 +494,10 @@ class _Writer:
                     if self.on_error == "raise":
                         self._commit(env, dbs, batch, index, skipped)
                         bar.close()
+                        where = "" if self.shard is None else f" of {self.target.name}"
                         raise BuildError(
-                            f"{files[index].path}: {error}\nNothing was lost: the {index} files before it are committed and a rerun "
-                            "resumes there. "
+                            f"{files[index].path}: {error}\nNothing was lost: the {index} files{where} before it are committed and a "
+                            "rerun resumes there. "
                             f"Fix or remove the file, or {_SKIP_HINT}."
                         )
                     skipped.append({"path": files[index].relpath, "reason": error})

@@ -11,6 +11,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
+from imagegen import make_jpegs
 from torch.utils.data import DataLoader
 
 from lightning_lmdb import LMDBDataModule, LMDBImageDataset, shards
@@ -20,7 +21,7 @@ from lightning_lmdb.cli import main
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.staging import stage
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
-from lightning_lmdb.writer import build, build_lmdb
+from lightning_lmdb.writer import BuildError, build, build_lmdb
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -108,6 +109,18 @@ def test_shard_jobs_combine_into_the_database_of_one_build(image_folder: Path, t
     assert main(["build", str(image_folder), str(folder), "--shard", "3/3"]) == 2
     assert "from 0 to 2" in capsys.readouterr().err
     assert main(["build", str(image_folder), str(folder), "--shard", "1/2", "--shards", "3"]) == 2
+
+
+def test_a_bad_file_stops_its_shard_and_a_rerun_with_skip_completes_the_build(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 60, size=16)
+    (source / "c1" / "img_00051.jpg").write_bytes(b"not a jpeg")  # shard 1 of 2 is c1, this its 26th file
+    folder = tmp_path / "db.lmdb"
+    with pytest.raises(BuildError, match=r"(?s)img_00051\.jpg.*Nothing was lost: the 25 files of shard-00001-of-00002\.lmdb before it"):
+        build_lmdb(source, folder, shards=2, workers=2, progress=False)
+    report = build(source, folder, shards=2, workers=2, progress=False, on_error="skip")  # shard 0 is kept, shard 1 resumes
+    assert report.action == "resumed" and [s.path for s in report.skipped] == ["c1/img_00051.jpg"]
+    assert shards.load_meta(folder).options["on_error"] == "skip"
+    _same_database(folder, build_lmdb(source, tmp_path / "one.lmdb", on_error="skip", progress=False))
 
 
 def test_first_reader_writes_a_missing_manifest(image_folder: Path, tmp_path: Path) -> None:
