@@ -250,6 +250,7 @@ class _ShardJob:
     info: fmt.ShardInfo
     line: int  # its progress bar's line
 
+
 def _sub_scan(scan: SourceScan, start: int, stop: int, *, with_special: bool) -> SourceScan:
     """The part of ``scan`` one shard covers (the scan's non-regular files go with shard 0, as first entries of its skipped)."""
     return replace(scan, files=scan.files[start:stop], special=scan.special if with_special else [])
