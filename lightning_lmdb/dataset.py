@@ -341,30 +341,23 @@ class LMDBImageDataset(_ImageDataset):
         _check_decoding(decoder, decode_size)
         self.path = str(Path(path).absolute())
         self.readahead = auto_readahead(self.path) if readahead is None else readahead
-        self._set_parts()
-        super().__init__(self._meta.classes, self._meta.class_to_idx, self._meta.count, transform, target_transform, indices, decoder,
-                         decode_size)
-        del self._meta
+        meta = self._set_parts()
+        super().__init__(meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder, decode_size)
 
-    def _set_parts(self) -> None:
+    def _set_parts(self) -> fmt.Metadata:
         """Read the metadata, the database's files (one, or a sharded folder's shards) and the build id; keep the targets."""
-        if shards.is_sharded(self.path):
-            manifest = shards.manifest_of(self.path)
-            meta, parts, build_id = shards.load_meta(self.path), manifest.parts, manifest.build_id
-        else:
-            with envs.reading(self.path) as opened:  # left open only if it was open before
-                meta = fmt.read_meta(opened.env, self.path)
-                build_id = opened.build_id
-            parts = [shards.Part(self.path, 0, meta.count, build_id)]
-        self._meta = meta
-        self.build_id: str = build_id
+        meta, parts = shards.open_database(self.path)  # environments left open only if they were open before
+        single = parts[0].path == self.path  # one file: its own id (older files have none in the metadata)
+        self.build_id: str = parts[0].build_id if single else str(meta.build_id)
         self.storage: str = meta.storage
         self.format_version: int = meta.version
         self._targets: np.ndarray | None = meta.targets
         self._paths: fmt.PathTable | None = meta.paths  # version 1 carries them; version 2 reads them on demand
         self._files = [part.path for part in parts]
         self._starts = [part.offset for part in parts]  # a short list: bisect per sample, no per-record object
-        self._part_ids = [part.build_id.encode("ascii", "replace") for part in parts]
+        self._part_ids = [part.build_id for part in parts]
+        self._part_keys = [part.build_id.encode("ascii", "replace") for part in parts]  # as the record transactions read it
+        return meta
 
     @property
     def sharded(self) -> bool:
@@ -448,7 +441,7 @@ class LMDBImageDataset(_ImageDataset):
         """This process's environment on file ``part``, checked to be the build this dataset was created on."""
         path = self._files[part]
         opened = envs.shared(path, readahead=self.readahead, fresh=False)
-        if opened.build_id.encode("ascii", "replace") != self._part_ids[part]:
+        if opened.build_id != self._part_ids[part]:
             self._check_same_database()
             opened = envs.shared(path, readahead=self.readahead, fresh=False)
         return opened
@@ -456,7 +449,7 @@ class LMDBImageDataset(_ImageDataset):
     def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
         part = bisect_right(self._starts, row) - 1
         opened = self._opened(part)
-        expected = self._part_ids[part]
+        expected = self._part_keys[part]
         with opened.env.begin(buffers=True) as txn:
             # The build id is read in the same transaction as the record (~1 us): a file copied in place over
             # an open one (same inode) is noticed at the next sample, not served under this dataset's labels.
@@ -490,7 +483,7 @@ class LMDBImageDataset(_ImageDataset):
                 envs.close(file)
             now = shards.build_id(self.path)
             for file, expected in zip(self._files, self._part_ids, strict=True):
-                if now == self.build_id and envs.shared(file, readahead=self.readahead).build_id.encode("ascii", "replace") != expected:
+                if now == self.build_id and envs.shared(file, readahead=self.readahead).build_id != expected:
                     now = f"{Path(file).name} of another build"
         else:
             now = envs.shared(self.path, readahead=self.readahead, fresh=True).build_id

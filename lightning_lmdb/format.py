@@ -138,6 +138,26 @@ def dump_json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode("ascii")
 
 
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a rename or a new file in the folder ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` all at once (a temp file beside it, fsynced, renamed, the folder fsynced)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 # --- paths without a Python object per record -------------------------------------------------------
 
 

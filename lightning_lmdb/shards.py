@@ -203,29 +203,13 @@ def finalize(folder: str | os.PathLike[str]) -> Manifest:
         if not found or len(found) != counts[0]:
             raise fmt.DatabaseError(_incomplete(folder))
         of = counts[0]
-        metas, digests = [], []
-        for index in range(of):
-            path = found[index, of]
-            with envs.reading(path) as opened:
-                metas.append(fmt.read_meta(opened.env, path, arrays=True))
-                with opened.env.begin() as txn:
-                    digests.append(fmt.header_digest(txn))
-        _check_one_build(folder, metas)
-        manifest = _manifest(folder, metas, digests)
+        metas, digests = zip(*(_read_shard(found[index, of], arrays=True) for index in range(of)), strict=True)
+        _check_one_build(folder, list(metas))
+        manifest = _manifest(folder, list(metas), list(digests))
         path = folder / MANIFEST_NAME
         data = (json.dumps(manifest, indent=1) + "\n").encode("utf-8")
         if not (path.exists() and path.read_bytes() == data):
-            tmp = folder / (MANIFEST_NAME + ".tmp")
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-            fd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fmt.write_atomically(path, data)
     return read_manifest(folder)
 
 
@@ -349,6 +333,14 @@ def build_id(path: str | os.PathLike[str]) -> str:
         return opened.build_id
 
 
+def _read_shard(path: str | os.PathLike[str], *, arrays: bool) -> tuple[fmt.Metadata, str | None]:
+    """A shard file's validated metadata and its header digest."""
+    with envs.reading(path) as opened:
+        with opened.env.begin() as txn:
+            digest = fmt.header_digest(txn)
+        return fmt.read_meta(opened.env, path, arrays=arrays), digest
+
+
 def load_meta(path: str | os.PathLike[str], *, arrays: bool = False) -> fmt.Metadata:
     """The validated metadata of a database file or sharded folder (for a folder: the shards' joined, as one database's).
 
@@ -360,9 +352,20 @@ def load_meta(path: str | os.PathLike[str], *, arrays: bool = False) -> fmt.Meta
         FileNotFoundError: Nothing at ``path``.
         DatabaseError: Incomplete, foreign, newer-format, truncated or damaged; a shard that does not match its manifest.
     """
-    path = Path(path)
+    return open_database(path, arrays=arrays)[0]
+
+
+def open_database(path: str | os.PathLike[str], *, arrays: bool = False) -> tuple[fmt.Metadata, list[Part]]:
+    """:func:`load_meta` and :func:`parts` of ``path`` in one reading (one manifest read, one open of each file).
+
+    Raises:
+        As :func:`load_meta`.
+    """
     if not is_sharded(path):
-        return envs.load_meta(path, arrays=arrays)
+        with envs.reading(path) as opened:
+            meta = fmt.read_meta(opened.env, path, arrays=arrays)
+            return meta, [Part(os.path.abspath(path), 0, meta.count, opened.build_id)]
+    path = Path(path).absolute()
     manifest = manifest_of(path)
     metas = []
     for part in manifest.parts:
@@ -371,16 +374,18 @@ def load_meta(path: str | os.PathLike[str], *, arrays: bool = False) -> fmt.Meta
                 f"{part.path!r}, a shard of {str(path)!r}, is missing. Build it again: lightning-lmdb build SOURCE {path} "
                 f"--shards {len(manifest.parts)} (it rebuilds only what is missing)."
             )
-        with envs.reading(part.path) as opened:
-            meta = fmt.read_meta(opened.env, part.path, arrays=arrays)
-            with opened.env.begin() as txn:
-                digest = fmt.header_digest(txn)
+        meta, digest = _read_shard(part.path, arrays=arrays)
         if (meta.count, meta.build_id, digest) != (part.count, part.build_id, part.digest):
             raise fmt.DatabaseError(
                 f"{part.path!r} does not match the manifest of {str(path)!r} (another build of that shard replaced it, or a file is "
                 f"damaged). Rebuild the folder with lightning-lmdb build --shards {len(manifest.parts)}."
             )
         metas.append(meta)
+    return _joined(path, manifest, metas, arrays), manifest.parts
+
+
+def _joined(path: Path, manifest: Manifest, metas: list[fmt.Metadata], arrays: bool) -> fmt.Metadata:
+    """The shards' metadata joined into one database's (the manifest's header fields, the arrays concatenated)."""
     header = manifest.header
     get = fmt.JsonFields(header, path / MANIFEST_NAME)
     source = fmt.JsonFields(get("source", dict), path / MANIFEST_NAME, "source.")

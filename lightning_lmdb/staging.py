@@ -33,9 +33,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_lmdb import format as fmt
 from lightning_lmdb import shards
 from lightning_lmdb.envs import load_meta
-from lightning_lmdb.writer import _fsync_dir
 
 #: Bytes hashed (and recorded as done) at a time.
 DEFAULT_BLOCK_SIZE = 64 << 20
@@ -128,7 +128,7 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
         os.replace(partial, target)
         _write_record(done, _record(identity, block_size, digests))
         progress.unlink()
-        _fsync_dir(target.parent)
+        fmt.fsync_dir(target.parent)
     return StageReport(target, action, copied, time.perf_counter() - started)
 
 
@@ -148,13 +148,7 @@ def _stage_sharded(source: Path, local_dir: str | os.PathLike[str], block_size: 
                 path.unlink()
         copy = target / shards.MANIFEST_NAME
         if not (copy.exists() and copy.read_bytes() == data):
-            tmp = copy.with_name(copy.name + ".tmp")
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, copy)
-            _fsync_dir(target)
+            fmt.write_atomically(copy, data)
     shards.load_meta(target)  # the copies match the manifest (counts, build ids, header digests)
     actions = {r.action for r in reports}
     action = "resumed" if "resumed" in actions else "copied" if "copied" in actions else "up-to-date"
@@ -185,12 +179,7 @@ def _record(identity: _Identity, block_size: int, digests: list[str]) -> dict[st
 
 
 def _write_record(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(record, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    fmt.write_atomically(path, json.dumps(record).encode("utf-8"))
 
 
 def _resumable_blocks(partial: Path, progress: Path, identity: _Identity, block_size: int) -> list[str]:

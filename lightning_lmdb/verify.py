@@ -107,7 +107,7 @@ def verify_lmdb(
         FileNotFoundError, DatabaseError: The database cannot be opened (see ``format.open_env``).
         FileNotFoundError, ValueError: ``source`` is missing or holds no images (see ``folder.scan_folder``).
     """
-    meta = shards.load_meta(path, arrays=True)
+    meta, parts = shards.open_database(path, arrays=True)
     assert meta.paths is not None and meta.checksums is not None  # arrays=True
     paths = meta.paths.tolist()
     with_source = source is not None
@@ -124,8 +124,9 @@ def verify_lmdb(
         skipped = {s.path for s in report.skipped}
         report.problems += [f"{p}: in the source but not in the database" for p in sorted(in_source - stored - skipped)]
         report.problems += [f"{p}: in the database but no longer in the source" for p in sorted(stored - files.keys())]
-    for part in shards.parts(path):  # one file, or each shard of a sharded folder
-        where = "" if part.path == str(Path(path).absolute()) else f" ({Path(part.path).name})"
+    sharded = shards.is_sharded(path)
+    for part in parts:  # one file, or each shard of a sharded folder
+        where = f" ({Path(part.path).name})" if sharded else ""
         with envs.reading(part.path) as opened, opened.env.begin(db=opened.records, buffers=True) as txn:
             entries = txn.stat(opened.records)["entries"]
             if entries != part.count:

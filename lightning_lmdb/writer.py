@@ -267,11 +267,13 @@ def _build_shard(job: _ShardJob, options: BuildOptions) -> BuildReport:
 
 def _existing_sharded_meta(folder: Path) -> tuple[fmt.Metadata, int] | None:
     """``(metadata, shard count)`` of the finished sharded database in ``folder``, or ``None`` when it has no valid manifest."""
+    if not (folder / shards.MANIFEST_NAME).exists():
+        return None
     try:
-        manifest = shards.read_manifest(folder)
-        return shards.load_meta(folder), len(manifest.parts)
+        meta, parts = shards.open_database(folder)
     except (fmt.DatabaseError, OSError):
         return None
+    return meta, len(parts)
 
 
 def _retire_manifest(folder: Path, count_of: int) -> None:
@@ -282,7 +284,7 @@ def _retire_manifest(folder: Path, count_of: int) -> None:
         for (_, of), path in shards.shard_files(folder).items():
             if of != count_of:
                 path.unlink()
-        _fsync_dir(folder)
+        fmt.fsync_dir(folder)
 
 
 def usable_cpus() -> list[int]:
@@ -418,7 +420,7 @@ class _Writer:
         envs.close(self.target)  # this process's readers of the old file reopen the new one (and notice the new build)
         os.replace(self.partial, self.target)
         _fault("fsync")
-        _fsync_dir(self.target.parent)
+        fmt.fsync_dir(self.target.parent)
 
     def _special_files(self) -> list[dict[str, str]]:
         """Skips for the scan's non-regular files (FIFOs, sockets, devices), or a BuildError with ``on_error="raise"``."""
@@ -623,14 +625,6 @@ def _write_growing(env: lmdb.Environment, write: Any) -> None:
             return
         except lmdb.MapFullError:
             env.set_mapsize(env.info()["map_size"] * 2)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = None) -> list[fmt.Skipped]:
