@@ -105,3 +105,41 @@ def test_cli_build_resize_and_bench_decoder(tmp_path: Path, capsys: pytest.Captu
     assert "read + decode to RGB (auto)" in capsys.readouterr().out
     assert main(["build", str(source), str(target), "--resize", "0"]) == 2
     assert "resize=0 must be a positive integer" in capsys.readouterr().err
+
+
+def _png_row_filters(data: bytes) -> set[int]:
+    """The filter type of every row of a non-interlaced 8-bit RGB PNG."""
+    import struct
+    import zlib
+
+    width, height = struct.unpack(">II", data[16:24])
+    assert data[24:29] == bytes([8, 2, 0, 0, 0]), "8-bit RGB, not interlaced"
+    idat, position = b"", 8
+    while position < len(data):
+        length, kind = struct.unpack(">I4s", data[position : position + 8])
+        if kind == b"IDAT":
+            idat += data[position + 8 : position + 8 + length]
+        position += 12 + length
+    rows = zlib.decompress(idat)
+    stride = 1 + 3 * width
+    assert len(rows) == stride * height
+    return {rows[row * stride] for row in range(height)}
+
+
+def test_resized_lossless_images_are_stored_unfiltered_unless_filters_shrink_them_much() -> None:
+    from PIL import ImageDraw
+
+    rng = np.random.default_rng(2)
+    flat = Image.new("RGB", (240, 160), (200, 30, 40))  # an icon: flat colours, where filters gain little
+    ImageDraw.Draw(flat).ellipse((40, 20, 200, 140), fill=(20, 90, 220))
+    smooth = photo(rng, 240, 160)  # photo-like: per-row filters are what compresses it
+    for image, filters in ((flat, {0}), (smooth, None)):
+        source = encode(image, "PNG")
+        value = encode_record(source, "encoded", resize=80)
+        stored = _png_row_filters(value)
+        if filters is None:
+            assert stored != {0}, "photo-like content keeps the filtered, much smaller PNG"
+        else:
+            assert stored == filters, "flat content is stored without per-row filters (it decodes faster)"
+        resized = decode_pixels(encode_record(source, "decoded", resize=80))
+        assert np.array_equal(np.asarray(decode_pil(value)), resized), "lossless either way: the resized pixels exactly"
