@@ -25,11 +25,12 @@ workers need).
 
 Each loader runs in a fresh process: a **cold** pass (its files evicted from the page cache first, the
 eviction checked with ``mincore``; it includes starting the workers, whose decoders are imported and
-initialised before any sample), then a **warm** pass with the same (persistent) workers; each pass is
-timed whole, from ``iter(loader)`` to the last batch. ``--rounds`` repeats every loader and every
+initialised before any sample), then ``--warm-passes`` **warm** passes (default 3; their median is the
+row's warm figure) with the same (persistent) workers; each pass is timed whole, from ``iter(loader)``
+to the last batch. ``--rounds`` repeats every loader and every
 ceiling in rotated order and reports the medians (this machine is shared and noisy: single runs vary
 by 10-20 %). ``memory`` is the private anonymous memory (``Pss_Anon``) of the training process
-and its workers at the end of the warm pass -- not RSS, which counts the shared, reclaimable page cache
+and its workers at the end of the warm passes -- not RSS, which counts the shared, reclaimable page cache
 of a memory-mapped database. The **decode-only ceiling** of a decoder is 2 processes decoding and
 transforming record bytes already in memory: what the loader would reach with no loader at all.
 
@@ -271,8 +272,9 @@ def _pss_anon_mb(pids: list[int]) -> float:
     return total / 1024
 
 
-def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: int, batch_size: int) -> dict[str, Any]:
-    """A cold then a warm pass of one loader (run in a fresh process by :func:`run_measure`)."""
+def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: int, batch_size: int,
+            warm_passes: int = 3) -> dict[str, Any]:
+    """A cold pass, then ``warm_passes`` warm passes (their median: ``warm``) of one loader (in a fresh process: :func:`run_measure`)."""
     import torch
 
     from lightning_lmdb.cache import evict, resident_fraction
@@ -287,7 +289,8 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
     sample = random.Random(0).sample(files, min(64, len(files)))
     iterator = None
     peak = _PeakMemory()
-    for regime in ("cold", "warm"):
+    passes = []
+    for regime in ["cold"] + ["warm"] * warm_passes:
         if regime == "cold":
             close_environments()
             evict(files, sync=True)  # fsync first: pages of a store written moments ago are dirty and would stay
@@ -298,7 +301,9 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
             if images.dtype == torch.uint8:
                 images = finish_batch(images)
             count += len(images)
-        result[regime] = count / (time.perf_counter() - started)
+        passes.append(count / (time.perf_counter() - started))
+    result["cold"], result["warm_passes"] = passes[0], passes[1:]
+    result["warm"] = statistics.median(passes[1:])
     result["memory_mb"] = peak.stop()
     del iterator, loader
     result["rss_main_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -385,7 +390,8 @@ def run_measure(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _child(payload: dict[str, Any]) -> None:
-    result = measure(payload["kind"], payload["options"], payload["store"], payload["workers"], payload["batch_size"])
+    result = measure(payload["kind"], payload["options"], payload["store"], payload["workers"], payload["batch_size"],
+                     payload.get("warm_passes", 3))
     paired = payload.get("ceiling")
     if paired:  # the same decode and transform with bytes already in memory, right after (a noisy machine drifts)
         result["ceiling"] = ceiling(paired["kind"], paired.get("decoder"), paired.get("decode_size"), paired["store"],
@@ -521,6 +527,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3, help="repetitions of every loader (rotated order); medians reported")
+    parser.add_argument("--warm-passes", type=int, default=3, help="warm passes of a loader per round (median: its warm figure)")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/lightning_lmdb_peers"), help="generated folders and stores")
     parser.add_argument("--out", type=Path, default=HERE.parent / "results", help="where peers.md and peers.png go")
     parser.add_argument("--only", nargs="*", default=None, help="measure only loaders whose label contains one of these")
@@ -559,7 +566,7 @@ def main(argv: list[str] | None = None) -> None:
         jobs = []
         for label, kind, options in loaders:
             payload = {"what": "loader", "label": label, "kind": kind, "options": options, "store": stores[_store_of(kind, options)],
-                       "workers": args.workers, "batch_size": args.batch_size}
+                       "workers": args.workers, "batch_size": args.batch_size, "warm_passes": args.warm_passes}
             if kind == "imagefolder":
                 payload["ceiling"] = {"kind": "imagefolder", "store": stores["files"]}
                 ceiling_rows["ImageFolder (PIL)"] = label
@@ -638,7 +645,7 @@ def run_netfs(folders: dict[str, tuple[Path, str]], args: argparse.Namespace) ->
                         store, mount = _mounted_store(stores[_store_of(kind, options)], ms, work / "mnt")
                         try:
                             r = run_measure({"label": label, "kind": kind, "options": options, "store": store, "workers": args.workers,
-                                             "batch_size": args.batch_size})
+                                             "batch_size": args.batch_size, "warm_passes": args.warm_passes})
                         finally:
                             mount.close()
                         if kind == "litdata":  # from remote storage LitData first copies the chunks to a local cache

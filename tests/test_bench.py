@@ -71,7 +71,7 @@ def test_peers_benchmark_runs_every_kind_of_row(tmp_path: Path) -> None:
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(script), "--photos", "0", "--pngs", "24", "--rounds", "1", "--dir", str(tmp_path),
-                           "--out", str(out), "--only", "LitData", "WebDataset", "auto, decode_size", "decoded"],
+                           "--out", str(out), "--warm-passes", "2", "--only", "LitData", "WebDataset", "auto, decode_size", "decoded"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     table = (out / "peers.md").read_text()
@@ -82,6 +82,11 @@ def test_peers_benchmark_runs_every_kind_of_row(tmp_path: Path) -> None:
         assert cold > 0 and warm > 0, line
     assert "| ImageFolder (PIL) |" in table and "| auto, decode_size 73 |" in table, "the ceilings of the measured decoders"
     assert "reduced-size decoding" in table and (out / "peers.png").stat().st_size > 10_000
+    import json
+    import statistics
+
+    rows = json.loads((out / "peers.json").read_text())["results"]["pngs"]["rows"]
+    assert all(len(r["warm_passes"]) == 2 and r["warm"] == statistics.median(r["warm_passes"]) for runs in rows.values() for r in runs)
     from lightning_lmdb import netfs
 
     try:
