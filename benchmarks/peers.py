@@ -30,7 +30,7 @@ row's warm figure) with the same (persistent) workers; each pass is timed whole,
 to the last batch. ``--rounds`` repeats every loader and every
 ceiling in rotated order and reports the medians (this machine is shared and noisy: single runs vary
 by 10-20 %). ``memory`` is the private anonymous memory (``Pss_Anon``) of the training process
-and its workers at the end of the warm passes -- not RSS, which counts the shared, reclaimable page cache
+and its workers after each warm pass (the largest) -- not RSS, which counts the shared, reclaimable page cache
 of a memory-mapped database. The **decode-only ceiling** of a decoder is 2 processes decoding and
 transforming record bytes already in memory: what the loader would reach with no loader at all.
 
@@ -288,8 +288,7 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
     files = store.get("disk_files", store["files"])  # through a latency mount: evict the disk's copies (the mount is fresh)
     sample = random.Random(0).sample(files, min(64, len(files)))
     iterator = None
-    peak = _PeakMemory()
-    passes = []
+    passes, memory = [], 0.0
     for regime in ["cold"] + ["warm"] * warm_passes:
         if regime == "cold":
             close_environments()
@@ -302,32 +301,16 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
                 images = finish_batch(images)
             count += len(images)
         passes.append(count / (time.perf_counter() - started))
+        # Memory between warm passes (untimed, workers alive): a sampler thread during the passes walked the page
+        # tables of each process's mapped database and slowed the LMDB rows by ~10 % (ImageFolder maps nothing).
+        if regime == "warm":
+            memory = max(memory, _pss_anon_mb([os.getpid(), *_children(os.getpid())]))
     result["cold"], result["warm_passes"] = passes[0], passes[1:]
     result["warm"] = statistics.median(passes[1:])
-    result["memory_mb"] = peak.stop()
+    result["memory_mb"] = memory
     del iterator, loader
     result["rss_main_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
-
-
-class _PeakMemory:
-    """Samples the private anonymous memory of this process and its children every 0.25 s; :meth:`stop` returns the peak."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.peak, self._stop = 0.0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            self.peak = max(self.peak, _pss_anon_mb([os.getpid(), *_children(os.getpid())]))
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
 
 
 def ceiling(kind: str, decoder: str | None, decode_size: int | None, store: dict[str, Any], workers: int) -> float:
