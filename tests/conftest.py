@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 from imagegen import make_folder
+
+# A suite started in the background of a non-interactive shell (``cmd &``, nohup) inherits SIGINT
+# ignored, and so would every process it starts: the Ctrl-C tests would see nothing interrupted.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
