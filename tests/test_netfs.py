@@ -166,13 +166,20 @@ def test_cli_serves_until_ctrl_c(tmp_path: Path) -> None:
     source = _folder(tmp_path / "src")
     process = subprocess.Popen([sys.executable, "-m", "lightning_lmdb.cli", "netfs", str(source), str(tmp_path / "mnt"), "--latency-ms",
                                 "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
-    assert "serving" in line and "Ctrl-C unmounts" in line
-    assert sorted(os.listdir(tmp_path / "mnt")) == sorted(os.listdir(source))
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 0 and "unmounted" in out, err
-    assert not netfs.is_mounted(tmp_path / "mnt")
+    try:
+        line = process.stdout.readline()
+        assert "serving" in line and "Ctrl-C unmounts" in line
+        assert sorted(os.listdir(tmp_path / "mnt")) == sorted(os.listdir(source))
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0 and "unmounted" in out, err
+        assert not netfs.is_mounted(tmp_path / "mnt")
+    finally:  # a failure must not leave a server running and its mount behind
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if netfs.is_mounted(tmp_path / "mnt"):
+            subprocess.run(["fusermount3", "-u", "-z", str(tmp_path / "mnt")], check=False)
 
 
 def test_refused_clearly_without_fuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
