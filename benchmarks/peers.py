@@ -273,8 +273,11 @@ def _pss_anon_mb(pids: list[int]) -> float:
 
 
 def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: int, batch_size: int,
-            warm_passes: int = 3) -> dict[str, Any]:
-    """A cold pass, then ``warm_passes`` warm passes (their median: ``warm``) of one loader (in a fresh process: :func:`run_measure`)."""
+            warm_passes: int = 3, finish_device: str = "cpu") -> dict[str, Any]:
+    """A cold pass, then ``warm_passes`` warm passes (their median: ``warm``) of one loader (in a fresh process: :func:`run_measure`).
+
+    Every batch ends as ``float32`` on ``finish_device``: moved there first, then finished if it is ``uint8``.
+    """
     import torch
 
     from lightning_lmdb.cache import evict, resident_fraction
@@ -297,9 +300,13 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
         count, started = 0, time.perf_counter()
         iterator = iter(loader)  # the cold pass starts the workers (fork, and _warm_up_worker's imports): timed, like an epoch
         for images, _ in iterator:
+            if finish_device != "cpu":
+                images = images.to(finish_device)
             if images.dtype == torch.uint8:
                 images = finish_batch(images)
             count += len(images)
+        if finish_device.startswith("cuda"):
+            torch.cuda.synchronize()
         passes.append(count / (time.perf_counter() - started))
         # Memory between warm passes (untimed, workers alive): a sampler thread during the passes walked the page
         # tables of each process's mapped database and slowed the LMDB rows by ~10 % (ImageFolder maps nothing).
@@ -374,7 +381,7 @@ def run_measure(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _child(payload: dict[str, Any]) -> None:
     result = measure(payload["kind"], payload["options"], payload["store"], payload["workers"], payload["batch_size"],
-                     payload.get("warm_passes", 3))
+                     payload.get("warm_passes", 3), payload.get("finish_device", "cpu"))
     paired = payload.get("ceiling")
     if paired:  # the same decode and transform with bytes already in memory, right after (a noisy machine drifts)
         result["ceiling"] = ceiling(paired["kind"], paired.get("decoder"), paired.get("decode_size"), paired["store"],
@@ -510,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3, help="repetitions of every loader (rotated order); medians reported")
+    parser.add_argument("--finish-device", default="cpu",
+                        help="where every batch ends as float (cuda: uint8 batches finished there, as on_after_batch_transfer does)")
     parser.add_argument("--warm-passes", type=int, default=3, help="warm passes of a loader per round (median: its warm figure)")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/lightning_lmdb_peers"), help="generated folders and stores")
     parser.add_argument("--out", type=Path, default=HERE.parent / "results", help="where peers.md and peers.png go")
@@ -549,7 +558,8 @@ def main(argv: list[str] | None = None) -> None:
         jobs = []
         for label, kind, options in loaders:
             payload = {"what": "loader", "label": label, "kind": kind, "options": options, "store": stores[_store_of(kind, options)],
-                       "workers": args.workers, "batch_size": args.batch_size, "warm_passes": args.warm_passes}
+                       "workers": args.workers, "batch_size": args.batch_size, "warm_passes": args.warm_passes,
+                       "finish_device": args.finish_device}
             if kind == "imagefolder":
                 payload["ceiling"] = {"kind": "imagefolder", "store": stores["files"]}
                 ceiling_rows["ImageFolder (PIL)"] = label
@@ -569,7 +579,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{folder} round {round_}: {label:40s} cold {r['cold']:7.0f}/s  warm {r['warm']:7.0f}/s{paired}{warn}", flush=True)
         results[folder] = {"rows": rows, "description": description, "ceiling_rows": ceiling_rows, "bounds": bounds(stores),
                            "stores": {name: {k: v for k, v in store.items() if k != "files"} for name, store in stores.items()}}
-    settings = f"{args.workers} workers, batches of {args.batch_size}; output {SIZE}x{SIZE} float (shorter side {SIDE}, centre crop)."
+    settings = (f"{args.workers} workers, batches of {args.batch_size}; output {SIZE}x{SIZE} float (shorter side {SIDE}, centre crop)"
+                f"{'' if args.finish_device == 'cpu' else f' on {args.finish_device}'}.")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "peers.json").write_text(json.dumps({"machine": machine(), "settings": settings, "results": results}, indent=1))
     _write(args.out, results, machine(), settings)

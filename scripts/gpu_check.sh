@@ -4,7 +4,9 @@
 #   1. the GPU-marked tests (batched GPU decode vs CPU, PerfMonitor's GPU metrics, a GPU fit);
 #   2. scripts/gpu_decode_check.py: nvJPEG's stream-ordering stress check (TorchCodec PR 1634), GPU vs CPU pixels,
 #      and batched GPU decode throughput against the CPU decoders;
-#   3. the raw-vs-LMDB A/B on the GPU with the batched GPU decode (data.decode_device=cuda): data-wait and GPU utilisation.
+#   3. the raw-vs-LMDB A/B on the GPU with the batched GPU decode (data.decode_device=cuda): data-wait and GPU utilisation;
+#   4. a short peers run on 2,000 PNGs with the batches finished on the GPU: the default path x ImageFolder and each
+#      auto row against its decode-only ceiling (the PNG targets this 2-core VM could not show).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp}"
@@ -24,3 +26,6 @@ python3 train.py -m data=raw,lmdb ab.repeats=2 trainer=gpu loader=fast trainer.m
   data.decode_device=cuda demo.images_per_class=1000 data.image_size=128 paths.data_dir="$out/data" hydra.sweep.dir="$out/sweep"
 echo "== A/B on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), batched GPU decode =="
 cat "$out/sweep/comparison.txt"
+# The loader against its decode-only ceiling with the batches finished on the GPU (issue: fast by default), a short PNG run.
+python3 benchmarks/peers.py --photos 0 --pngs 2000 --rounds 1 --warm-passes 2 --no-peers --only "auto" --finish-device cuda --dir /tmp/peers_cuda \
+  --out "$out/peers_cuda" 2>&1 | grep -v -i warn | tee "$out/peers_cuda.txt"
