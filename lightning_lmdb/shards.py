@@ -68,7 +68,16 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
     path = Path(path)
     if not path.is_dir():
         return False
-    return (path / MANIFEST_NAME).exists() or any(_SHARD_RE.match(p.name.removesuffix(".partial")) for p in path.iterdir())
+    return (path / MANIFEST_NAME).exists() or any(_is_build_file(p.name) for p in path.iterdir())
+
+
+def _is_build_file(name: str) -> bool:
+    """A shard, or a file a build makes on its way (the lock files come first: another node may see only those)."""
+    if name == LOCK_NAME:
+        return True
+    for suffix in (".partial-lock", ".build-lock", ".partial"):
+        name = name.removesuffix(suffix)
+    return _SHARD_RE.match(name) is not None
 
 
 @contextlib.contextmanager

@@ -187,6 +187,11 @@ def test_layouts_never_replace_each_other(image_folder: Path, tmp_path: Path) ->
     with pytest.raises(FileExistsError, match="not a sharded database"):
         build_lmdb(image_folder, tmp_path / "stuff", shards=2, progress=False)
     assert (tmp_path / "stuff" / "keep.txt").read_text() == "mine"
+    for first in ("shard-00001-of-00002.lmdb.build-lock", "build-lock"):  # what another node's build creates first
+        (tmp_path / first).mkdir()
+        (tmp_path / first / first).touch()
+        built = build_lmdb(image_folder, tmp_path / first, shards=2, shard=0, progress=False)
+        assert (built / "shard-00000-of-00002.lmdb").is_file(), "a folder another node has begun is joined, not refused"
     with pytest.raises(ValueError, match="more than the"):
         build_lmdb(image_folder, tmp_path / "x.lmdb", shards=1000, progress=False)
     with pytest.raises(ValueError, match="needs shards="):
