@@ -128,6 +128,16 @@ def build_lock_path(target: Path) -> Path:
     return target.with_name(target.name + ".build-lock")
 
 
+def partial_lock_path(target: Path) -> Path:
+    """LMDB's lock file of the database being built (``lock=True`` on the ``.partial`` file)."""
+    return target.with_name(partial_path(target).name + "-lock")
+
+
+def build_files(target: Path) -> tuple[Path, ...]:
+    """The files a build of ``target`` makes beside it on its way: the lock files first, then the ``.partial`` file."""
+    return build_lock_path(target), partial_lock_path(target), partial_path(target)
+
+
 def new_build_id() -> str:
     """A fresh random build identity (written with the metadata of every finished build)."""
     return uuid.uuid4().hex

@@ -51,6 +51,7 @@ from lightning_lmdb.options import CONTENT_OPTIONS
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = "build-lock"
 _SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.lmdb$")
+_SHARD_PREFIX_RE = re.compile(r"^shard-\d{5}-of-\d{5}\.lmdb")
 
 
 def shard_name(index: int, of: int) -> str:
@@ -72,12 +73,9 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
 
 
 def _is_build_file(name: str) -> bool:
-    """A shard, or a file a build makes on its way (the lock files come first: another node may see only those)."""
-    if name == LOCK_NAME:
-        return True
-    for suffix in (".partial-lock", ".build-lock", ".partial"):
-        name = name.removesuffix(suffix)
-    return _SHARD_RE.match(name) is not None
+    """A shard, or a file its build makes on its way (the lock files come first: another node may see only those)."""
+    shard = _SHARD_PREFIX_RE.match(name)
+    return name == LOCK_NAME or (shard is not None and name in {p.name for p in (Path(shard[0]), *fmt.build_files(Path(shard[0])))})
 
 
 @contextlib.contextmanager

@@ -416,7 +416,7 @@ class _Writer:
 
     def _rename(self) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(str(self.partial) + "-lock")
+            os.unlink(fmt.partial_lock_path(self.target))
         envs.close(self.target)  # this process's readers of the old file reopen the new one (and notice the new build)
         os.replace(self.partial, self.target)
         _fault("fsync")
