@@ -9,10 +9,11 @@ stores ``benchmarks/peers.py`` builds under ``/tmp/lightning_lmdb_peers``):
 * the **ceiling**: 2 forked processes decoding + transforming the record bytes, already in memory;
 * **in memory, through a DataLoader**: a Dataset holding the same bytes in a list, 2 workers, the same
   decode and transform, batches finished (float) in the training process -- no LMDB, no statistics;
-* the same without the finish.
+* the same without the finish;
+* the database itself behind the same DataLoader (``LMDBImageDataset``, the same decode and transform), finished.
 
-The ratios of the last two to the ceiling are what torch's DataLoader itself leaves of it on this
-machine, whatever the storage.
+The ratios of the in-memory loaders to the ceiling are what torch's DataLoader itself leaves of it on
+this machine, whatever the storage; the last one's gap to them is what the database's reads cost.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import ceiling  # noqa: E402
 
-from lightning_lmdb import envs  # noqa: E402
+from lightning_lmdb import LMDBImageDataset, envs  # noqa: E402
 from lightning_lmdb import format as fmt  # noqa: E402
 from lightning_lmdb.decoders import decode  # noqa: E402
 from lightning_lmdb.transforms import eval_transform, finish_batch  # noqa: E402
@@ -71,16 +72,20 @@ def main() -> None:
     torch.set_num_threads(1)
     with envs.reading(args.database) as opened, opened.env.begin() as txn:
         blobs = [txn.get(fmt.record_key(i), db=opened.records) for i in range(txn.stat(opened.records)["entries"])]
-    loader = DataLoader(InMemory(blobs, args.decoder), batch_size=args.batch_size, shuffle=True, num_workers=2, persistent_workers=True)
+    settings = {"batch_size": args.batch_size, "shuffle": True, "num_workers": 2, "persistent_workers": True}
+    loader = DataLoader(InMemory(blobs, args.decoder), **settings)
+    database = DataLoader(LMDBImageDataset(args.database, TRANSFORM, decoder=args.decoder), **settings)
     one_pass(loader, finish=False)  # start the workers
-    ratios: dict[str, list[float]] = {"in memory, finished": [], "in memory, uint8": []}
+    one_pass(database, finish=False)
+    ratios: dict[str, list[float]] = {"in memory, finished": [], "in memory, uint8": [], "the database, finished": []}
     for round_ in range(args.rounds):
         top = ceiling("lmdb", args.decoder, None, {"path": str(args.database)}, 2)
-        finished, raw = one_pass(loader, finish=True), one_pass(loader, finish=False)
+        finished, raw, stored = one_pass(loader, finish=True), one_pass(loader, finish=False), one_pass(database, finish=True)
         ratios["in memory, finished"].append(finished / top)
         ratios["in memory, uint8"].append(raw / top)
+        ratios["the database, finished"].append(stored / top)
         print(f"round {round_}: ceiling {top:.0f}/s; through the DataLoader {finished:.0f}/s finished ({finished / top:.2f}), "
-              f"{raw:.0f}/s uint8 ({raw / top:.2f})", flush=True)
+              f"{raw:.0f}/s uint8 ({raw / top:.2f}); the database {stored:.0f}/s finished ({stored / top:.2f})", flush=True)
     for name, values in ratios.items():
         print(f"{name}: {statistics.median(values):.2f} of the ceiling (range {min(values):.2f}-{max(values):.2f})")
 
