@@ -13,6 +13,9 @@ reads it from a local copy instead (``LMDBDataModule(local_cache_dir=...)``, or 
   as the source is still the same file (size, mtime and build id).
 * **Skipped when current**: a finished copy keeps its record (``<name>.staged.json``); staging again
   only compares the source's identity with it and the copy's size (no byte is read).
+* **Space checked first**: a copy that cannot fit in ``local_dir``'s free space is refused before a byte is
+  copied, and a disk that fills up midway ends in :class:`~lightning_lmdb.writer.DiskFullError`; either way
+  the message names ``local_dir`` and the bytes still to copy, and the copy so far is kept for a rerun to resume.
 * **Once per node**: a file lock (``<name>.staging.lock``) makes concurrent callers wait for one copy.
 * **Sharded databases**: every shard file is staged as above into ``local_dir/<folder name>/``, then the
   manifest is copied last, so a copy killed midway is never a database, and resumes shard by shard.
@@ -22,10 +25,12 @@ No pickle: the records are JSON.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -36,6 +41,7 @@ from typing import Any
 from lightning_lmdb import format as fmt
 from lightning_lmdb import shards
 from lightning_lmdb.envs import load_meta
+from lightning_lmdb.writer import DiskFullError
 
 #: Bytes hashed (and recorded as done) at a time.
 DEFAULT_BLOCK_SIZE = 64 << 20
@@ -99,6 +105,8 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
         FileNotFoundError: No database at ``source``.
         DatabaseError: ``source`` is not a finished, valid database.
         StagingError: The copy read back differently from the source (it is deleted; the message says which block).
+        DiskFullError: ``local_dir`` has too little free space for the copy, or filled up during it (the copy so far
+            is kept: a rerun resumes).
         ValueError: ``local_dir`` is where ``source`` already is, or ``block_size`` < 1.
     """
     started = time.perf_counter()
@@ -113,22 +121,21 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.with_name(target.name + ".staging.lock")):
         identity = _Identity.of(source)
-        done = target.with_name(target.name + ".staged.json")
-        if target.exists() and _read_record(done).get("identity") == asdict(identity) and target.stat().st_size == identity.size:
+        if _is_current(target, identity):
             return StageReport(target, "up-to-date", 0, time.perf_counter() - started)
-        partial = target.with_name(target.name + ".staging")
-        progress = target.with_name(target.name + ".staging.json")
+        _require_space(target.parent, source.name, identity.size, _local_bytes(target, identity))
+        partial, progress = _partial_files(target)
         digests = _resumable_blocks(partial, progress, identity, block_size)
         action = "resumed" if digests else "copied"
-        copied = _copy(source, partial, progress, identity, block_size, digests)
-        _check(partial, progress, digests, block_size, source)
-        for stale in (done, target):
-            with suppress(FileNotFoundError):
-                stale.unlink()
-        os.replace(partial, target)
-        _write_record(done, _record(identity, block_size, digests))
-        progress.unlink()
-        fmt.fsync_dir(target.parent)
+        try:
+            copied = _copy(source, partial, progress, identity, block_size, digests)
+            _check(partial, progress, digests, block_size, source)
+            _finish(partial, target, _record(identity, block_size, digests))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            free = shutil.disk_usage(target.parent).free
+            raise _disk_full(target.parent, source.name, identity.size, _local_bytes(target, identity), free, stopped=True) from exc
     return StageReport(target, action, copied, time.perf_counter() - started)
 
 
@@ -139,6 +146,9 @@ def _stage_sharded(source: Path, local_dir: str | os.PathLike[str], block_size: 
     if target.absolute() == source or target.resolve() == source.resolve():
         raise ValueError(f"local_dir {str(Path(local_dir))!r} holds the database {str(source)!r} itself; stage it to another folder.")
     target.mkdir(parents=True, exist_ok=True)
+    identities = [_Identity.of(Path(part.path)) for part in manifest.parts]
+    have = sum(_local_bytes(staged_path(i.source, target), i) for i in identities)
+    _require_space(target, source.name, sum(i.size for i in identities), have)  # all shards up front, not shard by shard
     reports = [stage(part.path, target, block_size=block_size) for part in manifest.parts]
     wanted = {Path(part.path).name for part in manifest.parts}
     data = (source / shards.MANIFEST_NAME).read_bytes()
@@ -153,6 +163,70 @@ def _stage_sharded(source: Path, local_dir: str | os.PathLike[str], block_size: 
     actions = {r.action for r in reports}
     action = "resumed" if "resumed" in actions else "copied" if "copied" in actions else "up-to-date"
     return StageReport(target, action, sum(r.bytes_copied for r in reports), time.perf_counter() - started)
+
+
+def _partial_files(target: Path) -> tuple[Path, Path]:
+    """The copy in progress (``<name>.staging``) and its record of the blocks done (``<name>.staging.json``)."""
+    return target.with_name(target.name + ".staging"), target.with_name(target.name + ".staging.json")
+
+
+def _done_record(target: Path) -> Path:
+    """The record a finished copy keeps: the source it came from (``<name>.staged.json``)."""
+    return target.with_name(target.name + ".staged.json")
+
+
+def _is_current(target: Path, identity: _Identity) -> bool:
+    """Whether ``target`` is a finished copy of the source ``identity`` names (no byte is read)."""
+    if not target.exists() or target.stat().st_size != identity.size:
+        return False
+    return _read_record(_done_record(target)).get("identity") == asdict(identity)
+
+
+def _local_bytes(target: Path, identity: _Identity) -> int:
+    """Bytes of the source already on local disk that staging keeps: all if ``target`` is current, else the copy in progress."""
+    if _is_current(target, identity):
+        return identity.size
+    partial = _partial_files(target)[0]
+    return min(partial.stat().st_size, identity.size) if partial.exists() else 0
+
+
+def _require_space(local_dir: Path, name: str, size: int, have: int) -> None:
+    """Refuse, before copying, a copy of ``size`` bytes (``have`` of them already there) that ``local_dir`` has no room for."""
+    free = shutil.disk_usage(local_dir).free
+    if free < size - have:
+        raise _disk_full(local_dir, name, size, have, free, stopped=False)
+
+
+def _disk_full(local_dir: Path, name: str, size: int, have: int, free: int, *, stopped: bool) -> DiskFullError:
+    """The one-line error for a ``local_dir`` too full to hold the rest of ``name``'s copy."""
+    fix = "free space (or choose another local_dir) and rerun"
+    if stopped:
+        state, advice = "filled up", f"The copy so far and its record are kept: {fix}; staging resumes where it stopped."
+    elif have:
+        state, advice = "has too little free space", f"Nothing was copied now: {fix}; staging resumes from the bytes already there."
+    else:
+        state, advice = "has too little free space", f"Nothing was copied: {fix}."
+    return DiskFullError(
+        errno.ENOSPC,
+        f"The disk holding local_dir {str(local_dir)!r} {state}: staging {name} needs {size - have:,} more bytes "
+        f"({have:,} of {size:,} are there) and {free:,} bytes are free. {advice}",
+    )
+
+
+def _finish(partial: Path, target: Path, record: dict[str, Any]) -> None:
+    """Replace ``target`` (an outdated copy, if any) with the checked ``partial``, its record written first.
+
+    The record is written before the rename so that a kill or a full disk in between leaves the copy in
+    progress and its record of blocks done: a rerun finds them all intact and only renames.
+    """
+    done = _done_record(target)
+    for stale in (done, target):
+        with suppress(FileNotFoundError):
+            stale.unlink()
+    _write_record(done, record)
+    os.replace(partial, target)
+    _partial_files(target)[1].unlink()
+    fmt.fsync_dir(target.parent)
 
 
 @contextmanager
@@ -217,7 +291,7 @@ def _hash_block(handle: Any, block_size: int, copy_to: Any = None) -> tuple[str,
 
 def _copy(source: Path, partial: Path, progress: Path, identity: _Identity, block_size: int, digests: list[str]) -> int:
     """Append the source's blocks after the ``digests`` already done to ``partial``, recording each; return the bytes copied."""
-    start = len(digests) * block_size
+    start = min(len(digests) * block_size, identity.size)  # the last block may be short: never pad the copy
     kill_after = int(os.environ.get(FAULT_ENV, "0") or 0)
     copied = 0
     with open(source, "rb") as src, open(partial, "r+b" if partial.exists() else "wb") as dst:
