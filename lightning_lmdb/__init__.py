@@ -23,6 +23,7 @@ _EXPORTS = {
     "LMDBImageDataset": "lightning_lmdb.dataset",
     "RawImageDataset": "lightning_lmdb.dataset",
     "LMDBDataModule": "lightning_lmdb.datamodule",
+    "stage": "lightning_lmdb.staging",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,4 +1,7 @@
-"""The ``lightning-lmdb`` command: build | info | verify | bench | netfs."""
+"""The ``lightning-lmdb`` command: build | info | verify | bench | netfs.
+
+``info`` and ``verify`` (without ``--source``) import neither torch nor torchvision: they answer in well under a second.
+"""
 
 from __future__ import annotations
 
@@ -108,31 +111,39 @@ def _verify(args: argparse.Namespace) -> int:
     report = verify_lmdb(args.target, args.source, allow_skipped=args.allow_skipped)
     for line in report.problems[: args.max_problems]:
         print(line)
-    if len(report.problems) > args.max_problems:
-        print(f"... and {len(report.problems) - args.max_problems} more problems")
+    _print_more(len(report.problems), args.max_problems, "problem")
     for skip in report.skipped[: args.max_problems]:
         print(f"{skip.path}: skipped at build time: {skip.reason}")
-    if len(report.skipped) > args.max_problems:
-        print(f"... and {len(report.skipped) - args.max_problems} more skipped files")
-    against = f" and against {args.source}" if args.source else " (checksums only; pass --source to compare with the files)"
-    print(f"{report.path}: {report.checked} of {report.count} records checked{against}: {_verdict(report)}")
+    _print_more(len(report.skipped), args.max_problems, "skipped file")
+    how = "checksums only; pass --source to compare with the files"
+    if args.source:
+        how = f"checksums, and compared with the files in {args.source}"
+    print(f"{report.path}: {report.checked} of {report.count} {_plural(report.count, 'record')} checked ({how}): {_verdict(report)}")
     return 0 if report.ok else 1
+
+
+def _print_more(count: int, shown: int, noun: str) -> None:
+    """``... and N more <noun>s`` when ``count`` lines were more than the ``shown`` ones printed."""
+    if count > shown:
+        print(f"... and {count - shown} more {_plural(count - shown, noun)}")
 
 
 def _verdict(report: VerifyReport) -> str:
     """The end of ``verify``'s last line: OK or FAILED, with the counts of problems and skipped files."""
     skipped = len(report.skipped)
+    files = f"{skipped} source {_plural(skipped, 'file')}"
     if not report.compared_with_source:
-        files = f"{skipped} source {_plural(skipped, 'file')} {'was' if skipped == 1 else 'were'} skipped at build time"
-        note = f" ({files} and are not in the database; pass --source to check completeness)" if skipped else ""
+        was, is_ = ("was", "is") if skipped == 1 else ("were", "are")
+        files += f" {was} skipped at build time"
+        note = f" ({files} and {is_} not in the database; pass --source to check completeness)" if skipped else ""
     else:
-        files = f"{skipped} source {_plural(skipped, 'file')} skipped at build time"
+        files += " skipped at build time"
         note = f" ({files}, accepted with --allow-skipped)" if skipped else ""
     if report.ok:
         return "OK" + note
     verdict = f"FAILED: {len(report.problems)} {_plural(len(report.problems), 'problem')}"
     if skipped and not report.allow_skipped:
-        return f"{verdict}, {files} (pass --allow-skipped to accept them)"
+        return f"{verdict}, {files} (pass --allow-skipped to accept {'it' if skipped == 1 else 'them'})"
     return verdict + note
 
 

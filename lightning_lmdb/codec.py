@@ -23,13 +23,16 @@ A new storage mode touches this module only (and :data:`STORAGES`); a new decode
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image
 
 from lightning_lmdb.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor
 from lightning_lmdb.imageinfo import read_info
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made (decoders.hwc_to_tensor): info and verify do without it
+    import torch
 
 __all__ = ["STORAGES", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordError", "decode_image", "decode_record", "encode_record",
            "encode_pixels", "decode_pixels", "resize_pixels"]

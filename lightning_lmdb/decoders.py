@@ -45,13 +45,15 @@ from __future__ import annotations
 
 import io
 import warnings
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 from PIL import Image
 
 from lightning_lmdb.imageinfo import ImageInfo, read_info
+
+if TYPE_CHECKING:
+    import torch
 
 Decoder = Literal["pil", "torchcodec", "opencv", "auto"]
 #: The valid values of ``decoder=``.
@@ -204,6 +206,8 @@ def pil_to_tensor(image: Image.Image) -> torch.Tensor:
 
 def hwc_to_tensor(pixels: np.ndarray) -> torch.Tensor:
     """An ``H x W x 3`` ``uint8`` array as a ``3 x H x W`` tensor sharing its memory (channels-last strides)."""
+    import torch  # here, not at the top: the CLI's info and verify read records without torch
+
     return torch.from_numpy(pixels).permute(2, 0, 1)
 
 

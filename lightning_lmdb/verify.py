@@ -1,4 +1,7 @@
-"""Read a database back: describe it (``info``) and check it record by record (``verify``)."""
+"""Read a database back: describe it (``info``) and check it record by record (``verify``).
+
+Neither imports torch or torchvision, except ``verify`` with a source folder (scanned as ``ImageFolder`` scans it).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ import numpy as np
 from lightning_lmdb import envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record
-from lightning_lmdb.folder import scan_folder
 
 
 @dataclass
@@ -116,6 +118,8 @@ def verify_lmdb(
     if source is None:
         report.skipped = list(meta.skipped)
     else:
+        from lightning_lmdb.folder import scan_folder  # torchvision's scan: only a check against the source pays for importing torch
+
         scan = scan_folder(source)
         files = {f.relpath: f for f in scan.files}
         in_source = files.keys() | {relpath for relpath, _ in scan.special}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import sys
+import types
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -102,3 +104,40 @@ def test_a_bad_choice_is_rejected_at_parse_time(tmp_path: Path, source: Path, ca
     assert name in message and bad in message
     assert all(f"'{value}'" in message for value in valid), message
     assert not (tmp_path / "cache").exists(), "nothing was built"
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _readme_cli_snippet() -> str:
+    """The ``main.py`` of the README's LightningCLI section, as it stands there."""
+    section = README.read_text(encoding="utf-8").split("### With LightningCLI", 1)[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S)
+    assert snippet and "# main.py" in snippet.group(1), "the README's LightningCLI section starts with its main.py"
+    return snippet.group(1)
+
+
+def test_the_readme_snippet_fits_a_folder_with_more_classes_than_the_model_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    classes = 3
+    assert TinyModel.__init__.__defaults__[0] != classes, "the model's default must not already fit the folder"
+    source = make_jpegs(tmp_path / "src", 12, size=8, classes=classes)
+    models: list[TinyModel] = []
+
+    class MyModel(TinyModel):
+        def __init__(self, num_classes: int = 2, size: int = 8):
+            super().__init__(num_classes, size)
+            models.append(self)
+
+    monkeypatch.setitem(sys.modules, "my_project", types.SimpleNamespace(MyModel=MyModel))
+    monkeypatch.setattr(sys, "argv", [
+        "main.py", "fit", f"--data.train_dir={source}", f"--data.cache_dir={tmp_path / 'cache'}", "--data.num_workers=0",
+        "--data.batch_size=4", "--data.image_size=8", "--data.build_workers=0",
+        "--trainer.max_epochs=1", "--trainer.accelerator=cpu", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path}",
+    ])
+    exec(compile(_readme_cli_snippet(), str(README), "exec"), {})  # runs fit, as `python main.py fit ...` would
+    (model,) = models
+    assert model.layer.out_features == classes
+    assert model.trainer.state.finished and model.trainer.global_step > 0

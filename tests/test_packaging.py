@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,31 @@ def test_old_experiment_import_paths_are_the_new_modules() -> None:
     assert lightning_lmdb.callbacks is callbacks and lightning_lmdb.report is report
     assert lightning_lmdb.demo is demo and lightning_lmdb.toy_model is toy_model
     assert callbacks.PerfMonitor is lightning_lmdb.callbacks.PerfMonitor
+
+
+@pytest.mark.slow
+def test_the_package_exports_lazily() -> None:
+    code = ("import sys, lightning_lmdb; "
+            "print(sorted({m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')} "
+            "| {m for m in set(lightning_lmdb._EXPORTS.values()) if m in sys.modules}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]", "import lightning_lmdb must import none of its modules, nor torch"
+
+
+def test_every_public_name_resolves_to_its_module() -> None:
+    import lightning_lmdb
+
+    for name, module in lightning_lmdb._EXPORTS.items():
+        assert name in lightning_lmdb.__all__
+        assert getattr(lightning_lmdb, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        lightning_lmdb.nope  # noqa: B018
+
+
+def test_stage_is_importable_from_the_package() -> None:
+    import lightning_lmdb
+    from lightning_lmdb import stage
+    from lightning_lmdb.staging import stage as documented
+
+    assert stage is documented and "stage" in lightning_lmdb.__all__

@@ -103,20 +103,20 @@ def _ab(raw: list[tuple[float, float]], lmdb: list[tuple[float, float]], busy: f
 
 def test_verdict_clearly_data_bound_and_storage_helps() -> None:
     lines = verdict(_ab(raw=[(10.0, 0.41), (10.4, 0.43), (9.8, 0.40)], lmdb=[(6.0, 0.06), (6.2, 0.05), (5.9, 0.07)]))
-    assert lines[0] == "data-bound: the training loop waited 41% (raw) vs 6% (lmdb) of each epoch"
+    assert lines[0] == "data-bound: the training loop waited 41.0% (raw) vs 6.0% (lmdb) of each epoch"
     assert lines[1].startswith("lmdb saves 4.00 ± ") and "s/epoch vs raw (1.67x faster, n=3)" in lines[1]
 
 
 def test_verdict_clearly_not_data_bound_storage_does_not_matter() -> None:
     lines = verdict(_ab(raw=[(5.0, 0.02), (5.1, 0.03), (4.9, 0.02)], lmdb=[(5.05, 0.02), (4.95, 0.01), (5.1, 0.02)]))
-    assert lines[0].startswith("not data-bound: the training loop waited < 10% of each epoch (2% (raw) vs 2% (lmdb))")
-    assert lines[1].startswith("storage does not matter here: lmdb vs raw differ by 0.05 s/epoch, within the run-to-run spread")
+    assert lines[0].startswith("not data-bound: the training loop waited < 10% of each epoch (2.0% (raw) vs 2.0% (lmdb))")
+    assert lines[1].startswith("storage does not matter here: lmdb vs raw differ by 0.05 s/epoch, within twice the run-to-run spread (2 × ")
 
 
 def test_verdict_within_noise_is_inconclusive() -> None:
     lines = verdict(_ab(raw=[(5.0, 0.30), (7.0, 0.35), (6.0, 0.32)], lmdb=[(5.5, 0.28), (6.5, 0.30), (4.8, 0.29)]))
     assert lines[0].startswith("data-bound: ")
-    assert lines[1].startswith("inconclusive: lmdb vs raw differ by 0.50 s/epoch, within the run-to-run spread")
+    assert lines[1].startswith("inconclusive: lmdb vs raw differ by 0.50 s/epoch, within twice the run-to-run spread (2 × ")
 
 
 def test_verdict_one_run_each_and_cpu_saturation() -> None:
@@ -170,3 +170,66 @@ def test_setup_seconds_are_shown_per_arm() -> None:
     prepare = next(line for line in lines if line.startswith("prepare_data s"))
     assert prepare.split()[-4:] == ["n/a", "1.50", "±", "0.00"]
     assert lines.index(prepare) < lines.index(scan) < next(i for i, line in enumerate(lines) if "epoch 0" in line)
+
+
+# --- the verdict's rules at their edges -------------------------------------------------------------
+# raw's warm epochs take 9, 10 and 11 s (spread 1.00) and lmdb's are all equal (spread 0): the combined
+# spread is 1.00 s, so a difference up to 2.00 s is within twice the spread and anything more is a result.
+
+_RAW = [9.0, 10.0, 11.0]
+
+
+def _storage_line(lmdb_time: float, wait: float = 0.02) -> str:
+    return verdict(_ab(raw=[(t, wait) for t in _RAW], lmdb=[(lmdb_time, wait)] * 3))[1]
+
+
+@pytest.mark.parametrize(
+    ("lmdb_time", "expected"),
+    [
+        (8.02, "storage does not matter here: lmdb vs raw differ by 1.98 s/epoch, within twice the run-to-run spread "
+               "(2 × 1.00 s = 2.00 s, n=3)"),
+        (8.0, "storage does not matter here: lmdb vs raw differ by 2.00 s/epoch, within twice the run-to-run spread "
+              "(2 × 1.00 s = 2.00 s, n=3)"),
+        (7.98, "lmdb saves 2.02 ± 1.00 s/epoch vs raw (1.25x faster, n=3)"),
+        (11.98, "storage does not matter here: lmdb vs raw differ by 1.98 s/epoch, within twice the run-to-run spread "
+                "(2 × 1.00 s = 2.00 s, n=3)"),
+        (12.02, "lmdb is slower than raw by 2.02 ± 1.00 s/epoch (1.20x the time, n=3)"),
+    ],
+    ids=["just-under-2x-spread", "at-2x-spread", "just-over-2x-spread", "slower-just-under", "slower-just-over"],
+)
+def test_storage_verdict_at_twice_the_spread(lmdb_time: float, expected: str) -> None:
+    assert _storage_line(lmdb_time) == expected
+
+
+def test_a_difference_within_twice_the_spread_is_inconclusive_when_data_bound() -> None:
+    assert _storage_line(8.02, wait=0.3) == ("inconclusive: lmdb vs raw differ by 1.98 s/epoch, within twice the run-to-run spread "
+                                             "(2 × 1.00 s = 2.00 s, n=3)")
+
+
+@pytest.mark.parametrize(
+    ("wait", "expected"),
+    [
+        (0.099, "not data-bound: the training loop waited < 10% of each epoch (9.9% (raw) vs 9.9% (lmdb))"),
+        (0.10, "data-bound: the training loop waited 10.0% (raw) vs 10.0% (lmdb) of each epoch"),
+        (0.101, "data-bound: the training loop waited 10.1% (raw) vs 10.1% (lmdb) of each epoch"),
+    ],
+    ids=["just-under-10%", "at-10%", "just-over-10%"],
+)
+def test_data_bound_verdict_at_ten_percent(wait: float, expected: str) -> None:
+    assert verdict(_ab(raw=[(10.0, wait)] * 3, lmdb=[(6.0, wait)] * 3))[0] == expected
+
+
+def test_one_arm_over_ten_percent_makes_the_run_data_bound() -> None:
+    line = verdict(_ab(raw=[(10.0, 0.101)] * 3, lmdb=[(6.0, 0.02)] * 3))[0]
+    assert line == "data-bound: the training loop waited 10.1% (raw) vs 2.0% (lmdb) of each epoch"
+
+
+@pytest.mark.parametrize(
+    ("busy", "saturated"), [(0.899, False), (0.90, True), (0.901, True)], ids=["just-under-90%", "at-90%", "just-over-90%"]
+)
+def test_cpu_saturation_at_ninety_percent(busy: float, saturated: bool) -> None:
+    line = verdict(_ab(raw=[(10.0, 0.02)] * 3, lmdb=[(6.0, 0.02)] * 3, busy=busy))[0]
+    clause = ("; loader workers saturate the CPU (90% busy with raw, 90% busy with lmdb): loading and training compete for the "
+              "cores, so the data-wait understates the loader's cost")
+    not_bound = "not data-bound: the training loop waited < 10% of each epoch (2.0% (raw) vs 2.0% (lmdb))"
+    assert line == not_bound + (clause if saturated else "")

@@ -373,3 +373,79 @@ def test_cli_verify_skipped_files(built_with_skips: tuple[Path, Path], capsys: p
     assert json.loads(capsys.readouterr().out)["skipped"] == describe_lmdb(db)["skipped"] == [
         {"path": s.path, "reason": s.reason} for s in envs.load_meta(db).skipped
     ]
+
+
+# --- verify's last line reads correctly for one and for many ----------------------------------------------
+
+
+def _build_with_skips(tmp_path: Path, skips: int) -> tuple[Path, Path]:
+    """Six good JPEGs and ``skips`` (1 or 2) unreadable files, built with on_error="skip"."""
+    source = make_jpegs(tmp_path / "src", 6, size=16)
+    (source / "c0" / "x_corrupt.jpg").write_bytes(truncated_jpeg())
+    if skips == 2:
+        (source / "c1" / "x_text.jpg").write_text("hello, I am not a JPEG")
+    return source, build_lmdb(source, tmp_path / "db.lmdb", workers=0, progress=False, on_error="skip")
+
+
+_VERIFY_LAST_LINES = {
+    1: {
+        "checksums": "6 of 6 records checked (checksums only; pass --source to compare with the files): OK "
+                     "(1 source file was skipped at build time and is not in the database; pass --source to check completeness)",
+        "source": "6 of 6 records checked (checksums, and compared with the files in {source}): FAILED: 0 problems, "
+                  "1 source file skipped at build time (pass --allow-skipped to accept it)",
+        "allowed": "6 of 6 records checked (checksums, and compared with the files in {source}): OK "
+                   "(1 source file skipped at build time, accepted with --allow-skipped)",
+    },
+    2: {
+        "checksums": "6 of 6 records checked (checksums only; pass --source to compare with the files): OK "
+                     "(2 source files were skipped at build time and are not in the database; pass --source to check completeness)",
+        "source": "6 of 6 records checked (checksums, and compared with the files in {source}): FAILED: 0 problems, "
+                  "2 source files skipped at build time (pass --allow-skipped to accept them)",
+        "allowed": "6 of 6 records checked (checksums, and compared with the files in {source}): OK "
+                   "(2 source files skipped at build time, accepted with --allow-skipped)",
+    },
+}
+
+
+@pytest.mark.parametrize("skips", [1, 2])
+def test_cli_verify_wording_for_one_and_two_skipped_files(tmp_path: Path, capsys: pytest.CaptureFixture[str], skips: int) -> None:
+    source, db = _build_with_skips(tmp_path, skips)
+    expected = {mode: f"{db}: " + line.format(source=source) for mode, line in _VERIFY_LAST_LINES[skips].items()}
+    assert main(["verify", str(db)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == expected["checksums"]
+    assert main(["verify", str(db), "--source", str(source)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == expected["source"]
+    assert main(["verify", str(db), "--source", str(source), "--allow-skipped"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == expected["allowed"]
+
+
+def test_cli_verify_wording_for_one_record_one_problem_and_one_more(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = make_jpegs(tmp_path / "src", 1, size=16)
+    db = build_lmdb(source, tmp_path / "one.lmdb", workers=0, progress=False)
+    assert main(["verify", str(db)]) == 0
+    assert capsys.readouterr().out == f"{db}: 1 of 1 record checked (checksums only; pass --source to compare with the files): OK\n"
+    (source / "c0" / "img_00000.jpg").write_bytes(truncated_jpeg())
+    Image.new("RGB", (8, 8)).save(source / "c0" / "added_later.png")
+    assert main(["verify", str(db), "--source", str(source), "--max-problems", "1"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == [
+        "... and 1 more problem",
+        f"{db}: 1 of 1 record checked (checksums, and compared with the files in {source}): FAILED: 2 problems",
+    ]
+
+
+@pytest.mark.slow
+def test_info_and_verify_import_neither_torch_nor_torchvision(built: tuple[Path, Path]) -> None:
+    _, db = built
+    code = textwrap.dedent(f"""
+        import sys
+        from lightning_lmdb.cli import main
+        assert main(["info", {str(db)!r}]) == 0
+        assert main(["info", {str(db)!r}, "--json"]) == 0
+        assert main(["verify", {str(db)!r}]) == 0
+        print(sorted(m for m in ("torch", "torchvision") if m in sys.modules))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-1] == "[]", "info and verify (no --source) must not import torch or torchvision"
+    assert ": 40 of 40 records checked (checksums only" in result.stdout

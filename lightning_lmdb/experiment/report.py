@@ -165,7 +165,8 @@ def verdict(summaries: Sequence[dict[str, Any]]) -> list[str]:
     if not known:
         lines = ["data-bound: unknown (no data-wait was measured)"]
     else:
-        shares = " vs ".join(f"{w.median:.0%} ({label})" for label, w in known.items())
+        # one decimal: a share just under the threshold must not read as the threshold itself ("< 10% ... (10% (raw))")
+        shares = " vs ".join(f"{w.median:.1%} ({label})" for label, w in known.items())
         if data_bound:
             lines = [f"data-bound: the training loop waited {shares} of each epoch"]
         else:
@@ -211,8 +212,8 @@ def _storage_line(raw_label: str, raw: list[dict[str, Any]], label: str, runs: l
     runs_text = f"n={a.n} and {b.n}" if a.n != b.n else f"n={a.n}"
     if abs(saved) <= 2 * spread:
         prefix = "storage does not matter here" if not data_bound else "inconclusive"
-        return (f"{prefix}: {label} vs {raw_label} differ by {abs(saved):.2f} s/epoch, within the run-to-run spread "
-                f"(± {spread:.2f} s, {runs_text})")
+        return (f"{prefix}: {label} vs {raw_label} differ by {abs(saved):.2f} s/epoch, within twice the run-to-run spread "
+                f"(2 × {spread:.2f} s = {2 * spread:.2f} s, {runs_text})")
     if saved > 0:
         return f"{label} saves {saved:.2f} ± {spread:.2f} s/epoch vs {raw_label} ({a.median / b.median:.2f}x faster, {runs_text})"
     return f"{label} is slower than {raw_label} by {-saved:.2f} ± {spread:.2f} s/epoch ({b.median / a.median:.2f}x the time, {runs_text})"
