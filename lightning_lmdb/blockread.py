@@ -47,6 +47,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import lmdb
 import numpy as np
 
 from lightning_lmdb import envs
@@ -173,7 +174,10 @@ class _Reader:
             rows = dataset._view_rows()
             rows = np.arange(start, stop) if rows is None else rows[start:stop]
             for opened, local, count in dataset._parts_of(rows):  # a block of a sharded database may span two shards
-                span = _span(opened, local, count)
+                try:
+                    span = _span(opened, local, count)
+                except lmdb.Error as exc:  # a damaged page on the way to a record (lmdb.CorruptedError, PageNotFoundError, ...)
+                    raise envs.damaged(opened.path, exc, getattr(dataset, "path", None)) from exc
                 if span is None:
                     _COUNTERS.blocks_skipped += 1
                     continue
@@ -209,6 +213,9 @@ def _span(opened: envs.Opened, rows: np.ndarray, count: int) -> tuple[int, int] 
     """``(offset, length)`` in the file of the page-aligned span from record ``min(rows)`` to the end of ``max(rows)``.
 
     ``None`` when a record cannot be located or the span is implausible for ``len(rows)`` of the file's ``count`` records.
+
+    Raises:
+        lmdb.Error: A damaged B-tree page on the way to a record.
     """
     if not len(rows) or not _LAYOUT_KNOWN:
         return None

@@ -55,6 +55,7 @@ from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import numpy as np
 import torch
 from PIL import Image
@@ -346,7 +347,10 @@ class LMDBImageDataset(_ImageDataset):
 
     def _set_parts(self) -> fmt.Metadata:
         """Read the metadata, the database's files (one, or a sharded folder's shards) and the build id; keep the targets."""
-        meta, parts = shards.open_database(self.path)  # environments left open only if they were open before
+        try:
+            meta, parts = shards.open_database(self.path)  # environments left open only if they were open before
+        except lmdb.Error as exc:
+            raise envs.damaged(self.path, exc) from exc
         single = parts[0].path == self.path  # one file: its own id (older files have none in the metadata)
         self.build_id: str = parts[0].build_id if single else str(meta.build_id)
         self.storage: str = meta.storage
@@ -417,12 +421,15 @@ class LMDBImageDataset(_ImageDataset):
 
     def _read_meta(self, arrays: bool = False) -> fmt.Metadata:
         """This database's metadata, checked to be the build this dataset was created on."""
-        if self.sharded:
+        try:
+            if not self.sharded:
+                return fmt.read_meta(self._opened(0).env, self.path, arrays=arrays)
             meta = shards.load_meta(self.path, arrays=arrays)
-            if meta.build_id != self.build_id:
-                self._check_same_database()
-            return meta
-        return fmt.read_meta(self._opened(0).env, self.path, arrays=arrays)
+        except lmdb.Error as exc:
+            raise envs.damaged(self.path, exc) from exc
+        if meta.build_id != self.build_id:
+            self._check_same_database()
+        return meta
 
     def _parts_of(self, rows: np.ndarray) -> list[tuple[envs.Opened, np.ndarray, int]]:
         """For block reads: each database file holding some of ``rows``, with those rows numbered in it, and its record count."""
@@ -450,26 +457,29 @@ class LMDBImageDataset(_ImageDataset):
         part = bisect_right(self._starts, row) - 1
         opened = self._opened(part)
         expected = self._part_keys[part]
-        with opened.env.begin(buffers=True) as txn:
-            # The build id is read in the same transaction as the record (~1 us): a file copied in place over
-            # an open one (same inode) is noticed at the next sample, not served under this dataset's labels.
-            build_id = txn.get(fmt.BUILD_ID_KEY)
-            if build_id is None or bytes(build_id) == expected:
-                value = txn.get(fmt.record_key(row - self._starts[part]), db=opened.records)
-                if value is None:
-                    raise fmt.DatabaseError(f"Record {row} is missing from {self.path!r}: the database is damaged; rebuild it.")
-                if marks is not None:  # the lookup returns the memory map: its page faults are the read
-                    touch_pages(value)
-                    marks.append(time.perf_counter())
-                deferred = self._deferred(value) if self.storage == "encoded" else None
-                if deferred is not None:
-                    return deferred
-                try:
-                    return decode_record(value, self.storage, decoder=self.decoder, decode_size=self.decode_size)
-                except ImageDecodeError as exc:
-                    error = exc
-            else:
-                error = None
+        try:
+            with opened.env.begin(buffers=True) as txn:
+                # The build id is read in the same transaction as the record (~1 us): a file copied in place over
+                # an open one (same inode) is noticed at the next sample, not served under this dataset's labels.
+                build_id = txn.get(fmt.BUILD_ID_KEY)
+                if build_id is None or bytes(build_id) == expected:
+                    value = txn.get(fmt.record_key(row - self._starts[part]), db=opened.records)
+                    if value is None:
+                        raise fmt.DatabaseError(f"Record {row} is missing from {self.path!r}: the database is damaged; rebuild it.")
+                    if marks is not None:  # the lookup returns the memory map: its page faults are the read
+                        touch_pages(value)
+                        marks.append(time.perf_counter())
+                    deferred = self._deferred(value) if self.storage == "encoded" else None
+                    if deferred is not None:
+                        return deferred
+                    try:
+                        return decode_record(value, self.storage, decoder=self.decoder, decode_size=self.decode_size)
+                    except ImageDecodeError as exc:
+                        error = exc
+                else:
+                    error = None
+        except lmdb.Error as exc:  # a damaged page (lmdb.CorruptedError, PageNotFoundError, ...)
+            raise envs.damaged(opened.path, exc, self.path) from exc
         if error is not None:  # the name is built only on error (it reads the paths)
             raise ImageDecodeError(self._name(row), error.reason) from None
         envs.close(self._files[part])  # the file changed under this process's mapping: reopen it and report
@@ -477,21 +487,24 @@ class LMDBImageDataset(_ImageDataset):
         raise fmt.DatabaseError(f"{self.path!r} changed while it was open; create the dataset again.")  # pragma: no cover
 
     def _check_same_database(self) -> None:
-        """Raise if the database at ``path`` is no longer the build this dataset was created on."""
-        if self.sharded:
-            for file in self._files:
-                envs.close(file)
-            now = shards.build_id(self.path)
-            for file, expected in zip(self._files, self._part_ids, strict=True):
-                if now == self.build_id and envs.shared(file, readahead=self.readahead).build_id != expected:
-                    now = f"{Path(file).name} of another build"
-        else:
-            now = envs.shared(self.path, readahead=self.readahead, fresh=True).build_id
-        if now != self.build_id:
+        """Raise if the database at ``path`` (or one of its shards) is no longer the build this dataset was created on."""
+        if not self.sharded:
+            self._check_build(self.path, self.build_id, envs.shared(self.path, readahead=self.readahead, fresh=True).build_id)
+            return
+        for file in self._files:
+            envs.close(file)
+        self._check_build(self.path, self.build_id, shards.build_id(self.path))
+        for file, expected in zip(self._files, self._part_ids, strict=True):
+            self._check_build(file, expected, envs.shared(file, readahead=self.readahead).build_id)
+
+    def _check_build(self, file: str, then: str, now: str) -> None:
+        """Raise if ``file`` (this database or one of its shards) is of build ``now``, not of build ``then``."""
+        if now != then:
+            which = repr(file) if file == self.path else f"{file!r}, a shard of {self.path!r},"
             raise fmt.DatabaseError(
-                f"{self.path!r} was replaced since this dataset was created (build {self.build_id[:12]}, now "
-                f"{now[:12]}): another build or a copy overwrote it. Create the dataset (or call "
-                "setup()) again so that classes, targets and records belong to the same database."
+                f"{which} was replaced since this dataset was created (build {then}, now {now}): another build or a "
+                "copy overwrote it. Create the dataset (or call setup()) again so that classes, targets and records "
+                "belong to the same database."
             )
 
 
@@ -550,7 +563,10 @@ class RawImageDataset(_ImageDataset):
         Raises:
             FileNotFoundError, DatabaseError: As :class:`LMDBImageDataset`.
         """
-        meta = shards.load_meta(database, arrays=True)
+        try:
+            meta = shards.load_meta(database, arrays=True)
+        except lmdb.Error as exc:
+            raise envs.damaged(database, exc) from exc
         return cls.from_metadata(root, meta, transform, target_transform, decoder=decoder, decode_size=decode_size, indices=indices)
 
     @classmethod

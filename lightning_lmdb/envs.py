@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,6 +82,24 @@ def open_env(path: str | os.PathLike[str], *, readahead: bool = True, validate_m
         env.close()
         raise
     return env
+
+
+def damaged(file: str | os.PathLike[str], exc: lmdb.Error, database: str | os.PathLike[str] | None = None) -> DatabaseError:
+    """The error for an LMDB failure while reading ``file`` (a damaged page: ``lmdb.CorruptedError``, ``PageNotFoundError``, ...).
+
+    Raise it ``from exc``. It names the file, LMDB's own message and the fix.
+
+    Args:
+        file: The database file that failed.
+        exc: LMDB's error.
+        database: The database ``file`` belongs to (a sharded folder), when not ``file`` itself.
+    """
+    database = file if database is None else database
+    which = repr(str(file)) if str(file) == str(database) else f"{str(file)!r} (a shard of {str(database)!r})"
+    return DatabaseError(
+        f"{which} is damaged: LMDB failed reading it ({type(exc).__name__}: {exc}). Check it with "
+        f"`lightning-lmdb verify {shlex.quote(str(database))}`, then rebuild it or copy it again."
+    )
 
 
 def _check_not_truncated(env: lmdb.Environment, path: Path) -> None:

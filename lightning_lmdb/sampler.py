@@ -20,12 +20,14 @@
 A saved position names its epoch: it is applied only when the loader next iterates that epoch, so a
 state saved at an epoch boundary never skips the next epoch. A change of world size, dataset size,
 batch size, seed or shuffle (and, for a block shuffle, block size or window) between save and resume is refused
-with a message saying what differs (the remaining samples of that epoch are not defined on another split).
+with a message saying what differs (the remaining samples of that epoch are not defined on another split), and so
+is another build of the database (its ``build_id``: a rebuild from a changed source may keep the size, not the order).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -217,24 +219,39 @@ class ResumableDataLoader(DataLoader):
             "shuffle": sampler.shuffle,
             "drop_last": sampler.drop_last,
             **({"block_size": sampler.block_size, "window": sampler.window} if sampler.shuffle == "block" else {}),
+            **({"build_id": build_id} if (build_id := getattr(sampler.dataset, "build_id", None)) is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position the next time its epoch is iterated.
 
+        The database's build id (an :class:`~lightning_lmdb.LMDBImageDataset`'s ``build_id``) must match too: a
+        database rebuilt from a changed source can keep its size but not its order. A position saved without one
+        (a checkpoint of an older version) or restored onto a dataset without one (e.g. the raw backend) cannot
+        be checked: it is applied as before, with a warning.
+
         Raises:
             ValueError: The position was saved with another world size, dataset size, batch size, seed,
-                shuffle, drop_last, or (block shuffle) block size or window (named), so "the samples that were next" are not defined here.
+                shuffle, drop_last, (block shuffle) block size or window, or on another build of the database (named),
+                so "the samples that were next" are not defined here.
         """
         sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
         here = self.state_dict()
         keys = (*_MUST_MATCH, *(k for k in _MUST_MATCH_IF_SAVED if k in state or k in here))
         differ = [f"{key}={state.get(key)!r} then, {here.get(key)!r} now" for key in keys if state.get(key) != here.get(key)]
+        then, now = state.get("build_id"), here.get("build_id")
+        rebuilt = then is not None and now is not None and then != now
+        if rebuilt:
+            differ.append(f"database build {then} then, {now} now (rebuilt since, e.g. from a changed source)")
+        elif (then is None) != (now is None):
+            warnings.warn(f"Resuming the training loader without checking the database build (build_id={then!r} saved, {now!r} now): "
+                          "if the database was rebuilt since, the rest of this epoch may skip or repeat samples.", stacklevel=2)
         if differ:
+            how = (f"Restore the database of build {then} (lightning-lmdb info shows a database's build_id)" if rebuilt
+                   else "Resume with the same settings (e.g. the same number of devices)")
             raise ValueError(
                 "Cannot resume the training loader mid-epoch: it was saved with " + "; ".join(differ) + ". The remaining "
-                "samples of that epoch are only defined for the same split. Resume with the same settings (e.g. the same "
-                "number of devices), or start a fresh epoch from the checkpoint's weights (load the model with "
-                "Model.load_from_checkpoint and call fit without ckpt_path)."
+                f"samples of that epoch are only defined for the same split of the same database. {how}, or start a fresh "
+                "epoch from the checkpoint's weights (load the model with Model.load_from_checkpoint and call fit without ckpt_path)."
             )
         sampler.resume(int(state["epoch"]), int(state["consumed"]))

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import ctypes
 import pickle
+import shutil
+import struct
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
+from lightning_lmdb import blockread, shards
 from lightning_lmdb import dataset as ds_module
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import STORAGES
@@ -157,3 +162,89 @@ def test_a_decode_warning_is_printed_once_not_once_per_image(tmp_path: Path) -> 
     assert len(messages) == 1, messages
     with Image.open(tmp_path / "p0.png") as img:
         assert img.mode == "P" and isinstance(img.info.get("transparency"), bytes)
+
+
+def _flip_bit(path: Path, offset: int, bit: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)[0]
+        handle.seek(offset)
+        handle.write(bytes([byte ^ 1 << bit]))
+
+
+def _damage(path: Path, row: int, where: str) -> type[lmdb.Error]:
+    """Flip one bit of the B-tree of database file ``path`` on the way to record ``row``; return the error LMDB will raise.
+
+    ``"leaf"``: the ``P_LEAF`` flag of the record's leaf page (the page is then neither leaf nor branch);
+    ``"overflow"``: bit 40 of the record's first overflow page number in its leaf node (a page past the end).
+    Both are checked by LMDB before any memory is touched, so the read fails the same way every time, without a signal.
+    """
+    close_environments()
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=False, max_dbs=2)
+    try:
+        psize = env.stat()["psize"]
+        with env.begin(db=env.open_db(fmt.RECORDS_DB, create=False), buffers=True) as txn:
+            cursor = txn.cursor()
+            key = fmt.record_key(row)
+            assert cursor.set_key(key)
+            address = np.frombuffer(cursor.key(), np.uint8).__array_interface__["data"][0]  # the key inside its leaf page
+            page = address - address % psize
+            pgno, _, page_flags = struct.unpack("<QHH", ctypes.string_at(page, 12))
+            (node_flags,) = struct.unpack("<H", ctypes.string_at(address - 4, 2))
+    finally:
+        env.close()
+    assert page_flags & 0x02 and node_flags & 0x01, "a leaf page, and the record's value in overflow pages"
+    if where == "leaf":
+        _flip_bit(path, pgno * psize + 10, 1)  # mp_flags: P_LEAF
+        return lmdb.CorruptedError
+    _flip_bit(path, pgno * psize + (address - page) + len(key) + 5, 0)  # the overflow page number's bit 40
+    return lmdb.PageNotFoundError
+
+
+@pytest.mark.skipif(not blockread._LAYOUT_KNOWN, reason="locates LMDB nodes by the 64-bit little-endian layout")
+@pytest.mark.parametrize("block_reads", [False, True], ids=["plain", "block-reads"])
+@pytest.mark.parametrize(("where", "sharded"), [("leaf", False), ("overflow", False), ("leaf", True)])
+def test_a_damaged_btree_page_raises_database_error_naming_the_file(tmp_path: Path, where: str, sharded: bool,
+                                                                    block_reads: bool) -> None:
+    from imagegen import make_jpegs
+
+    source = make_jpegs(tmp_path / "src", 24, size=64)  # ~3 KB noise JPEGs: values in overflow pages
+    built = build_lmdb(source, tmp_path / "db.lmdb", workers=0, progress=False, **({"shards": 2} if sharded else {}))
+    database = tmp_path / "damaged.lmdb"
+    (shutil.copytree if sharded else shutil.copy)(built, database)
+    last = shards.parts(database)[-1]  # the file itself, or the second shard
+    expected = _damage(Path(last.path), 5, where)
+    dataset = LMDBImageDataset(database)  # the metadata is whole: opening works
+    if block_reads:
+        dataset.read_blocks(block_size=4)
+    if sharded:
+        assert dataset[0][1] in (0, 1), "the other shard still serves its samples"
+    with pytest.raises(fmt.DatabaseError) as caught:
+        dataset[last.offset + 5]
+    file = last.path
+    message = str(caught.value)
+    assert isinstance(caught.value.__cause__, expected), "chained to LMDB's own error"
+    assert f"{str(file)!r}" in message and "is damaged" in message and f"lightning-lmdb verify {database}" in message
+    assert "\n" not in message
+    close_environments()
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["file", "shard"])
+def test_a_replaced_database_or_shard_is_reported_with_both_build_ids(tmp_path: Path, sharded: bool) -> None:
+    from imagegen import make_jpegs
+
+    source = make_jpegs(tmp_path / "src", 6)
+    options = {"shards": 2} if sharded else {}
+    database = build_lmdb(source, tmp_path / "db.lmdb", workers=0, progress=False, **options)
+    dataset = LMDBImageDataset(database)
+    other = build_lmdb(source, tmp_path / "other.lmdb", workers=0, progress=False, **options)  # the same records, another build
+    before, after = shards.parts(database)[0], shards.parts(other)[0]
+    assert before.build_id != after.build_id
+    close_environments()
+    shutil.copyfile(after.path, before.path + ".new")
+    Path(before.path + ".new").replace(before.path)  # the first file (or shard) replaced, as a rebuild does
+    with pytest.raises(fmt.DatabaseError, match="replaced since this dataset was created") as caught:
+        dataset[0]
+    message = str(caught.value)
+    assert f"build {before.build_id}, now {after.build_id}" in message and repr(before.path) in message
+    close_environments()

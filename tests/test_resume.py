@@ -13,8 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_lmdb import LMDBDataModule
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, shards
 from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler
+from lightning_lmdb.writer import build_lmdb
 
 SAMPLES, BATCH = 30, 4  # 8 batches per epoch, the last one partial
 
@@ -157,6 +158,52 @@ def test_loader_state_outside_lightning_counts_batches_handed_out() -> None:
     other = ResumableDataLoader(data, ResumableSampler(data, seed=1, num_replicas=2, rank=0), batch_size=3)
     with pytest.raises(ValueError, match="world_size=1 then, 2 now"):
         other.load_state_dict(state)
+
+
+def _database_loader(database: Path) -> ResumableDataLoader:
+    dataset = LMDBImageDataset(database, transform=identity)
+    return ResumableDataLoader(dataset, ResumableSampler(dataset, seed=2), batch_size=BATCH)
+
+
+def test_resume_is_refused_on_another_build_of_the_same_size(tmp_path: Path) -> None:
+    source = make_identified_images(tmp_path / "src")
+    database = build_lmdb(source, tmp_path / "db.lmdb", workers=0, progress=False)
+    first = _database_loader(database)
+    batches = iter(first)
+    seen = [next(batches)[0].tolist() for _ in range(2)]
+    del batches
+    state = json.loads(json.dumps(first.state_dict()))
+    same = _database_loader(database)  # the same build: the rest of the epoch follows
+    same.load_state_dict(state)
+    rest = [batch[0].tolist() for batch in same]
+    assert sorted(sum(seen + rest, [])) == list(range(SAMPLES))
+
+    then = shards.build_id(database)
+    (source / "c0" / "img_000.png").unlink()  # one file removed, one added: the same size, another order
+    Image.new("RGB", (4, 4), (200, 55, 7)).save(source / "c2" / "img_200.png")
+    build_lmdb(source, database, workers=0, progress=False)
+    now = shards.build_id(database)
+    rebuilt = _database_loader(database)
+    assert now != then and len(rebuilt.dataset) == SAMPLES
+    with pytest.raises(ValueError, match="Cannot resume the training loader mid-epoch") as caught:
+        rebuilt.load_state_dict(state)
+    message = str(caught.value)
+    assert f"build {then} then, {now} now" in message and f"Restore the database of build {then}" in message
+    assert "start a fresh epoch" in message and rebuilt.sampler.start == 0
+
+
+def test_a_position_saved_without_a_build_id_is_applied_with_a_warning(tmp_path: Path) -> None:
+    source = make_identified_images(tmp_path / "src")
+    database = build_lmdb(source, tmp_path / "db.lmdb", workers=0, progress=False)
+    first = _database_loader(database)
+    batches = iter(first)
+    next(batches)
+    del batches
+    old = {key: value for key, value in first.state_dict().items() if key != "build_id"}  # as a checkpoint of an older version
+    again = _database_loader(database)
+    with pytest.warns(UserWarning, match="without checking the database build"):
+        again.load_state_dict(old)
+    assert again.sampler.start == BATCH
 
 
 @pytest.mark.slow
