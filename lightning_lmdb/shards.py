@@ -8,8 +8,11 @@ A sharded database is a **folder**, e.g. ``train.lmdb/``, holding:
 * ``shard-00000-of-00004.lmdb`` ... ``shard-00003-of-00004.lmdb``: each a complete database file of
   :mod:`lightning_lmdb.format` (version 2) over a contiguous range of the source scan, with a ``shard``
   header field (``index``, ``of``, ``start``, ``stop``, ``scan_files``, ``scan_fingerprint``). Shard ``i``
-  covers ``files[i * N // K : (i + 1) * N // K]`` of the scan of ``N`` files. Each is built, resumed and
-  renamed into place on its own, like a single-file database (``.partial`` and ``.build-lock`` beside it).
+  covers ``files[start:stop]`` of the scan; the ranges are cut where the source bytes (plus a per-file cost)
+  are even, not the file counts (:func:`shard_ranges`), so a class of large images does not make one shard
+  the whole build's time. A shard may hold no record (every file of its range skipped as unreadable). Each
+  is built, resumed and renamed into place on its own, like a single-file database (``.partial`` and
+  ``.build-lock`` beside it).
 * ``manifest.json``, written last, once every shard is complete: UTF-8 JSON (never pickle) with the
   fields of a database header (``format``, ``version``, ``layout: "sharded"``, ``count``, ``storage``,
   ``classes``, ``class_to_idx``, ``checksum``, ``source`` of the whole scan, ``options``, ``skipped``,
@@ -25,19 +28,22 @@ database serves exactly the samples, in the same order, as one file built from t
 Opening one checks every shard against its manifest entry (count, build id, header digest).
 
 A folder whose shards are all present but has no manifest yet (a job array whose last task died after its
-shard) is completed by the next build or the first reader: :func:`finalize` checks that every shard is
-there and that they belong to one build, and writes the manifest.
+shard) is completed by the next build: :func:`finalize` checks that every shard is there and that they
+belong to one build, and writes the manifest. Readers never write (the folder may be read-only): they
+refuse such a folder, saying what to run.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -59,9 +65,39 @@ def shard_name(index: int, of: int) -> str:
     return f"shard-{index:05d}-of-{of:05d}.lmdb"
 
 
-def shard_ranges(num_files: int, shards: int) -> list[tuple[int, int]]:
-    """The ``(start, stop)`` of the scan each of ``shards`` shards covers (contiguous, sizes differ by at most one)."""
-    return [(i * num_files // shards, (i + 1) * num_files // shards) for i in range(shards)]
+#: What :func:`shard_ranges` counts a file as beyond its bytes (an open, a read, a decoder set up, a record
+#: written: about a filesystem block's worth), so a shard of many tiny files is not taken for a light one.
+FILE_COST_BYTES = 4096
+
+
+def shard_ranges(sizes: Sequence[int], shards: int) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` of the scan each of ``shards`` shards covers, cut where the work is even.
+
+    The work of a file is its size at scan time (``SourceFile.size``: no file is opened) plus
+    :data:`FILE_COST_BYTES`; shard ``k`` ends at the file boundary nearest to ``(k + 1) / shards`` of the total.
+    The ranges are contiguous, in scan order, cover every file, and none is empty. Integer arithmetic only:
+    every task of a job array computes the same ranges from the same scan.
+
+    Args:
+        sizes: The scan's file sizes, in scan order.
+        shards: How many ranges (``1 <= shards <= len(sizes)``).
+
+    Raises:
+        ValueError: ``shards`` is not between 1 and the number of files.
+    """
+    count = len(sizes)
+    if not 1 <= shards <= count:
+        raise ValueError(f"shards={shards} must be from 1 to the {count} files of the scan.")
+    ends = list(itertools.accumulate((max(size, 0) + FILE_COST_BYTES for size in sizes), initial=0))  # ends[j]: work of files[:j]
+    cuts = [0]
+    for k in range(1, shards):
+        goal = k * ends[-1]  # in units of 1/shards: the boundary j wanted has ends[j] * shards nearest to it
+        j = bisect.bisect_left(ends, goal, key=lambda end: end * shards)
+        if j > 0 and goal - ends[j - 1] * shards <= ends[j] * shards - goal:
+            j -= 1
+        cuts.append(min(max(j, cuts[-1] + 1), count - (shards - k)))  # at least one file in this shard and in each after it
+    cuts.append(count)
+    return list(itertools.pairwise(cuts))
 
 
 def is_sharded(path: str | os.PathLike[str]) -> bool:
@@ -173,9 +209,11 @@ def _incomplete(folder: Path) -> str:
     missing = [i for i in range(of) if (i, of) not in found]
     if missing:
         shown = ", ".join(f"{i}/{of}" for i in missing[:8]) + (" ..." if len(missing) > 8 else "")
-        return (f"{str(folder)!r} is an unfinished sharded build: shard(s) {shown} are missing. Build them "
-                f"(lightning-lmdb build SOURCE {folder} --shard I/{of} for each), or build all with --shards {of}.")
-    return f"{str(folder)!r} has every shard but no manifest; run lightning-lmdb build again (it writes the manifest)."
+        return (f"{str(folder)!r} has no {MANIFEST_NAME}: it is an unfinished sharded build, shard(s) {shown} are missing. Build "
+                f"them (lightning-lmdb build SOURCE {folder} --shard I/{of} for each; the one completing the set writes the "
+                f"manifest), or build all with --shards {of}.")
+    return (f"{str(folder)!r} has every shard but no {MANIFEST_NAME}: its build did not finish. Run the build again "
+            f"(lightning-lmdb build SOURCE {folder} --shards {of}): it keeps the shards and writes the manifest.")
 
 
 def shard_files(folder: Path) -> dict[tuple[int, int], Path]:
@@ -291,13 +329,12 @@ def _manifest(folder: Path, metas: list[fmt.Metadata], digests: list[str | None]
 
 
 def manifest_of(folder: str | os.PathLike[str]) -> Manifest:
-    """The manifest of a sharded folder, writing it first when every shard is there but it is not (the first reader's duty)."""
-    try:
-        return read_manifest(folder)
-    except fmt.DatabaseError:
-        if not (Path(folder) / MANIFEST_NAME).exists() and shard_files(Path(folder)):
-            return finalize(folder)
-        raise
+    """The manifest of a sharded folder, as a reader sees it: read only, never written (a build writes it, see :func:`finalize`).
+
+    Raises:
+        DatabaseError: As :func:`read_manifest`: no manifest yet names the missing shards, or the build to rerun.
+    """
+    return read_manifest(folder)
 
 
 def parts(path: str | os.PathLike[str]) -> list[Part]:

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -138,12 +139,11 @@ def build(
     if shards.is_sharded(target):
         raise FileExistsError(f"{str(target)!r} is a sharded database folder; build it with shards=K (CLI: --shards K), or choose "
                               "another target for a single-file database. It is left untouched.")
-
-    if options.on_stale == "ignore" and not options.overwrite:
-        meta = _existing_meta(target)
-        if meta is not None:
-            return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
+    meta = _existing_meta(target)  # a target that is not a database is refused before anything is created
+    if meta is not None and options.on_stale == "ignore" and not options.overwrite:
+        return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
     scan = scan_folder(source_root)
+    target.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(target):
         meta = _existing_meta(target)
         if meta is not None and not options.overwrite:
@@ -162,11 +162,10 @@ def build(
 
 
 def _checked_target(source_root: Path, target: str | os.PathLike[str]) -> Path:
-    """``target`` made absolute, its folder created; refused inside the source (it would be scanned as images)."""
+    """``target`` made absolute; refused inside the source (it would be scanned as images). Nothing is created."""
     target = Path(target).expanduser().absolute()
     if target.resolve() == source_root or target.resolve().is_relative_to(source_root):
         raise ValueError(f"Target {str(target)!r} lies inside the source {str(source_root)!r}; put the database outside the image folder.")
-    target.parent.mkdir(parents=True, exist_ok=True)
     return target
 
 
@@ -174,7 +173,8 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
                  indices: list[int] | None = None) -> BuildReport:
     """Build some shards of the sharded database ``target`` (``indices``; ``None``: all), then its manifest once all are there.
 
-    What :func:`build` does with ``shards`` set (``options.shard`` is ignored here: ``indices`` says which). Several
+    What :func:`build` does with ``shards`` set (``options.shard`` is ignored here: ``indices`` says which). Every
+    check that can refuse the build comes before the folder is created: a refused build leaves nothing behind. Several
     shards are built at once, each by its own process that reads, decodes and writes in-process (up to
     ``options.workers`` processes); a single shard is built with ``options.workers`` reader processes. Whichever
     call completes the last shard writes the manifest (the manifest lock arbitrates; the result is the same).
@@ -196,7 +196,6 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     if folder.is_dir() and any(folder.iterdir()) and not shards.is_sharded(folder):
         raise FileExistsError(f"{str(folder)!r} is a folder that is not a sharded database; choose a new or empty folder as the "
                               "target. It is left untouched.")
-    folder.mkdir(parents=True, exist_ok=True)
     existing = _existing_sharded_meta(folder)
     if existing is not None and options.on_stale == "ignore" and not options.overwrite:
         return BuildReport(folder, "up-to-date", 0, existing[0].count, existing[0].skipped)
@@ -214,9 +213,10 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
             raise StaleDatabaseError(f"{str(folder)!r} was built {reason}. Rebuild it with on_stale='rebuild' (CLI: --on-stale "
                                      "rebuild), or keep it as it is with on_stale='ignore'.")
         log.info("%s was built %s; rebuilding it.", folder, reason)
+    folder.mkdir(parents=True, exist_ok=True)
     if existing is not None or options.overwrite:
         _retire_manifest(folder, count_of)
-    ranges = shards.shard_ranges(len(scan.files), count_of)
+    ranges = shards.shard_ranges([f.size for f in scan.files], count_of)
     todo = list(range(count_of)) if indices is None else sorted(set(indices))
     workers = available_cores() if options.workers is None else options.workers
     lines = max(1, min(workers, len(todo)))  # one progress line per concurrent shard process
@@ -238,6 +238,8 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     if missing:  # a job array's task: the task completing the last shard writes the manifest
         log.info("Built shard(s) %s of %d of %s; shard(s) %s are still to be built.", todo, count_of, folder, missing)
         return BuildReport(folder, action, written, sum(r.count for r in reports), [s for r in reports for s in r.skipped])
+    if not any(envs.load_meta(path).count for path in shards.database_files(folder)):
+        raise BuildError(f"Every image in {str(source_root)!r} was skipped as unreadable; nothing to build. See the reasons above.")
     manifest = shards.finalize(folder)
     meta = shards.load_meta(folder)
     return BuildReport(folder, action, written, manifest.count, meta.skipped)
@@ -285,6 +287,11 @@ def _retire_manifest(folder: Path, count_of: int) -> None:
             if of != count_of:
                 path.unlink()
         fmt.fsync_dir(folder)
+
+
+def _plural(count: int, noun: str) -> str:
+    """``"1 bad file"``, ``"2 bad files"``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def usable_cpus() -> list[int]:
@@ -410,7 +417,7 @@ class _Writer:
         _fault("rename")
         self._rename()
         if skipped:
-            log.warning("Skipped %d bad files while building %s:\n%s", len(skipped), self.target,
+            log.warning("Skipped %s while building %s:\n%s", _plural(len(skipped), "bad file"), self.target,
                         "\n".join(f"  {s['path']}: {s['reason']}" for s in skipped))
         return BuildReport(self.target, action, self.written, count, [fmt.Skipped(s["path"], s["reason"]) for s in skipped])
 
@@ -499,8 +506,8 @@ class _Writer:
                         bar.close()
                         where = "" if self.shard is None else f" of {self.target.name}"
                         raise BuildError(
-                            f"{files[index].path}: {error}\nNothing was lost: the {index} files{where} before it are committed and a "
-                            "rerun resumes there. "
+                            f"{files[index].path}: {error}\nNothing was lost: the {_plural(index, 'file')}{where} before it "
+                            f"{'is' if index == 1 else 'are'} committed and a rerun resumes there. "
                             f"Fix or remove the file, or {_SKIP_HINT}."
                         )
                     skipped.append({"path": files[index].relpath, "reason": error})
@@ -577,7 +584,7 @@ class _Writer:
         checksums = np.frombuffer(checksums, dtype=np.uint8).reshape(entries, fmt.CHECKSUM_SIZE)
         if not entries == len(kept):
             raise fmt.DatabaseError(f"{self.partial} holds {entries} records but {len(kept)} were expected; delete it and build again.")
-        if not kept:
+        if not kept and self.shard is None:  # a shard may hold no record: build_shards refuses a build with none at all
             raise BuildError(f"Every image in {str(self.scan.root)!r} was skipped as unreadable; nothing to build. See the reasons above.")
         from lightning_lmdb import __version__
 
@@ -645,13 +652,26 @@ def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIX
     return bad
 
 
+def _ignore_palette_warning() -> None:
+    """Silence Pillow's "Palette images with Transparency expressed in bytes" warning in this process's filters.
+
+    ``convert("RGB")`` (ImageFolder's decode, which the builder checks every file with) gives such a palette
+    image its palette colours, the pixels ImageFolder sees: the warning names nothing wrong with the file,
+    yet it was printed into the progress bar once per reader process. Added once per reader process (a pool
+    initializer), or once per read in this process (:func:`_read_files`), never per image.
+    """
+    warnings.filterwarnings("ignore", message="Palette images with Transparency expressed in bytes", category=UserWarning)
+
+
 @contextlib.contextmanager
 def _read_files(tasks: list[_Task], workers: int) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
     """:func:`_read_one` of every task, in order: in this process (``workers=0``) or in a pool of ``workers`` processes."""
     if workers == 0 or len(tasks) < 2:
-        yield map(_read_one, tasks)
+        with warnings.catch_warnings():  # once for the whole read: this process's filters are as they were afterwards
+            _ignore_palette_warning()
+            yield map(_read_one, tasks)
         return
     # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image.
     chunksize = max(1, min(64, len(tasks) // (4 * workers)))
-    with multiprocessing.get_context().Pool(workers) as pool:
+    with multiprocessing.get_context().Pool(workers, initializer=_ignore_palette_warning) as pool:
         yield pool.imap(_read_one, tasks, chunksize=chunksize)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +168,7 @@ def test_pixel_limit_is_configurable(tmp_path: Path) -> None:
     ("setup", "error", "match"),
     [
         (lambda tmp: (tmp / "missing", tmp / "o.lmdb"), FileNotFoundError, "does not exist"),
+        (lambda tmp: (tmp / "missing", tmp / "new" / "o.lmdb"), FileNotFoundError, "does not exist"),
         (lambda tmp: (tmp / "empty", tmp / "o.lmdb"), ValueError, "No images found"),
         (lambda tmp: (tmp / "textonly", tmp / "o.lmdb"), ValueError, "no valid file.*add images"),
         (lambda tmp: (tmp / "good", tmp / "good" / "o.lmdb"), ValueError, "inside the source"),
@@ -182,8 +185,10 @@ def test_clear_errors(tmp_path: Path, setup, error: type[Exception], match: str)
     (tmp_path / "somedir").mkdir()
     (tmp_path / "somedir" / "keep.txt").write_text("keep")
     source, target = setup(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(error, match=match):
         build_lmdb(source, target, workers=0, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "a refused build created something"
     assert (tmp_path / "foreign.lmdb").read_bytes() == b"precious data that is not ours" * 100
     assert (tmp_path / "somedir" / "keep.txt").read_text() == "keep"
 
@@ -206,3 +211,46 @@ def test_the_final_transaction_survives_a_full_map(tmp_path: Path, monkeypatch: 
     assert report.action == "built" and report.count == 26
     _, values = read_records(report.path)
     assert values == [Path(f.path).read_bytes() for f in scan_folder(source).files]
+
+
+def _palette_icons(root: Path, count: int = 3) -> Path:
+    """Palette PNGs whose transparency is a byte per palette entry (PIL warns when converting them to RGB), in one class."""
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        icon = Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).quantize(8)
+        (root / "icons").mkdir(parents=True, exist_ok=True)
+        icon.save(root / "icons" / f"icon_{i}.png", transparency=bytes([0, 128, 255, 64, 255, 255, 255, 255]))
+    return root
+
+
+PALETTE_WARNING = "Palette images with Transparency expressed in bytes"
+
+
+def test_palette_transparency_builds_without_a_warning(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    source = _palette_icons(tmp_path / "src")
+    assert isinstance(Image.open(source / "icons" / "icon_0.png").info["transparency"], bytes)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = build(source, tmp_path / "inline.lmdb", workers=0, progress=False, storage="decoded")
+    assert report.count == 3 and not [w for w in caught if PALETTE_WARNING in str(w.message)]
+    build(source, tmp_path / "pool.lmdb", workers=2, progress=False)  # reader processes: their warnings go to stderr
+    assert PALETTE_WARNING not in capfd.readouterr().err
+    meta, values = read_records(report.path)
+    with pytest.warns(UserWarning, match=PALETTE_WARNING):  # ImageFolder's loader still warns: the filter does not outlive the build
+        expected = [np.asarray(pil_loader(str(source / p))).tolist() for p in meta["paths"]]
+    assert [decode_pixels(v).tolist() for v in values] == expected  # ImageFolder's pixels
+
+
+@pytest.mark.parametrize("bad", [1, 2])
+def test_skipped_files_are_counted_in_words(tmp_path: Path, caplog: pytest.LogCaptureFixture, bad: int) -> None:
+    source = make_jpegs(tmp_path / "src", 4)
+    for i in range(bad):
+        (source / "c0" / f"bad_{i}.jpg").write_bytes(b"not a jpeg")
+    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.writer"):
+        build(source, tmp_path / "out.lmdb", workers=0, progress=False, on_error="skip")
+    assert f"Skipped {bad} bad {'file' if bad == 1 else 'files'} while building" in caplog.text
+    for path in (source / "c0").glob("bad_*.jpg"):
+        path.unlink()
+    (source / "c0" / "img_00001.jpg").write_bytes(b"not a jpeg")  # after img_00000.jpg: one file before it
+    with pytest.raises(BuildError, match="the 1 file before it is committed"):
+        build(source, tmp_path / "other.lmdb", workers=0, progress=False)

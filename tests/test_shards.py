@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -12,12 +13,14 @@ import lmdb
 import numpy as np
 import pytest
 from imagegen import make_jpegs
+from PIL import Image
 from torch.utils.data import DataLoader
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, shards
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.bench import run_read_benchmark
 from lightning_lmdb.cli import main
+from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.staging import stage
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
@@ -113,9 +116,13 @@ def test_shard_jobs_combine_into_the_database_of_one_build(image_folder: Path, t
 
 def test_a_bad_file_stops_its_shard_and_a_rerun_with_skip_completes_the_build(tmp_path: Path) -> None:
     source = make_jpegs(tmp_path / "src", 60, size=16)
-    (source / "c1" / "img_00051.jpg").write_bytes(b"not a jpeg")  # shard 1 of 2 is c1, this its 26th file
+    bad = source / "c1" / "img_00051.jpg"
+    bad.write_bytes(b"not a jpeg")  # in shard 1 of 2 (c1, the second half of the bytes)
+    files = scan_folder(source).files
+    start = shards.shard_ranges([f.size for f in files], 2)[1][0]
+    before = [f.path for f in files].index(str(bad)) - start
     folder = tmp_path / "db.lmdb"
-    with pytest.raises(BuildError, match=r"(?s)img_00051\.jpg.*Nothing was lost: the 25 files of shard-00001-of-00002\.lmdb before it"):
+    with pytest.raises(BuildError, match=rf"(?s)img_00051\.jpg.*Nothing was lost: the {before} files of shard-00001-of-00002\.lmdb before"):
         build_lmdb(source, folder, shards=2, workers=2, progress=False)
     report = build(source, folder, shards=2, workers=2, progress=False, on_error="skip")  # shard 0 is kept, shard 1 resumes
     assert report.action == "resumed" and [s.path for s in report.skipped] == ["c1/img_00051.jpg"]
@@ -123,11 +130,25 @@ def test_a_bad_file_stops_its_shard_and_a_rerun_with_skip_completes_the_build(tm
     _same_database(folder, build_lmdb(source, tmp_path / "one.lmdb", on_error="skip", progress=False))
 
 
-def test_first_reader_writes_a_missing_manifest(image_folder: Path, tmp_path: Path) -> None:
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file of ``folder`` with its size and modification time: what a write would change."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def test_a_reader_never_writes_a_missing_manifest(image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     folder = build_lmdb(image_folder, tmp_path / "db.lmdb", shards=2, progress=False)
     written = (folder / "manifest.json").read_bytes()
     (folder / "manifest.json").unlink()  # e.g. the last job of an array died after its shard
-    assert len(LMDBImageDataset(folder)) == shards.load_meta(folder).count
+    (folder / "build-lock").unlink()  # as a copy on a read-only disk holds it (root ignores chmod: no write must be tried at all)
+    before = _listing(folder)
+    with pytest.raises(fmt.DatabaseError, match=r"has every shard but no manifest\.json.*lightning-lmdb build SOURCE .* --shards 2"):
+        LMDBImageDataset(folder)
+    assert main(["info", str(folder)]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+    with pytest.raises(fmt.DatabaseError, match="no manifest.json"):
+        verify_lmdb(folder)
+    assert _listing(folder) == before, "a reader wrote into the database folder"
+    assert build(image_folder, folder, shards=2, progress=False).action == "up-to-date"  # the shards are kept; the build writes it
     assert (folder / "manifest.json").read_bytes() == written  # a pure function of the shards
 
 
@@ -137,11 +158,11 @@ def test_shards_of_different_scans_are_refused(image_folder: Path, tmp_path: Pat
     (image_folder / "dog" / "late.png").write_bytes((image_folder / "dog").glob("*.png").__next__().read_bytes())
     with pytest.raises(fmt.DatabaseError, match="another scan of the source.*--shards 2 rebuilds"):
         build(image_folder, folder, shards=2, shard=1, progress=False)  # it completes the set: its manifest check refuses
-    with pytest.raises(fmt.DatabaseError, match="another scan of the source"):
-        LMDBImageDataset(folder)  # nor does a reader write one
+    with pytest.raises(fmt.DatabaseError, match="no manifest.json.*--shards 2"):
+        LMDBImageDataset(folder)  # nor does a reader write one: it names the build that checks the shards (and rebuilds them)
     assert not (folder / "manifest.json").exists()
     report = build(image_folder, folder, shards=2, progress=False)  # the final build rebuilds the stale shard 0
-    assert report.action == "built" and report.records_written == shards.load_meta(folder).count // 2
+    assert report.action == "built" and report.records_written == shards.parts(folder)[0].count
     _same_database(folder, build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False))
 
 
@@ -264,3 +285,101 @@ def test_two_nodes_build_their_shards_in_prepare_data(image_folder: Path, tmp_pa
     seen = [i for node in (0, 1) for i in json.loads((out / f"node{node}_seen.json").read_text())["indices"]]
     assert sorted(seen) == list(range(shards.load_meta(folder).count))  # every sample once, over both nodes
     _same_database(folder, build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False))
+
+
+def _spoil_shard(source: Path, index: int, of: int) -> list[str]:
+    """Overwrite every file of shard ``index``'s range with garbage of the same size (so the ranges stay), returning their paths."""
+    files = scan_folder(source).files
+    start, stop = shards.shard_ranges([f.size for f in files], of)[index]
+    rng = np.random.default_rng(1)
+    for f in files[start:stop]:
+        Path(f.path).write_bytes(b"\0" + rng.integers(0, 256, f.size - 1, dtype=np.uint8).tobytes())
+    return [f.relpath for f in files[start:stop]]
+
+
+def test_a_shard_whose_files_are_all_bad_is_an_empty_shard(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = make_jpegs(tmp_path / "src", 12, size=16, classes=3)
+    bad = _spoil_shard(source, 1, 3)
+    one = build_lmdb(source, tmp_path / "one.lmdb", on_error="skip", workers=0, progress=False)
+    assert shards.load_meta(one).count == 12 - len(bad)
+
+    report = build(source, tmp_path / "api.lmdb", on_error="skip", shards=3, workers=2, progress=False)
+    assert report.count == 12 - len(bad) and sorted(s.path for s in report.skipped) == sorted(bad)
+    assert [p.count for p in shards.parts(report.path)][1] == 0 and not list(report.path.glob("*.partial"))
+    _same_database(one, report.path)
+    dataset = LMDBImageDataset(report.path)
+    assert [dataset[i][1] for i in range(len(dataset))] == LMDBImageDataset(one).targets
+    assert verify_lmdb(report.path, source, allow_skipped=True).ok and verify_lmdb(report.path).problems == []
+    assert describe_lmdb(report.path)["count"] == 12 - len(bad)
+
+    assert main(["build", str(source), str(tmp_path / "cli.lmdb"), "--shards", "3", "--on-error", "skip", "--quiet"]) == 0
+    assert f"{12 - len(bad)} records" in capsys.readouterr().out
+    _same_database(one, tmp_path / "cli.lmdb")
+    assert main(["info", str(tmp_path / "cli.lmdb")]) == 0
+
+    dm = LMDBDataModule(source, shards=3, on_error="skip", cache_dir=tmp_path / "cache", val_fraction=0, batch_size=4, num_workers=0,
+                        image_size=16, build_workers=0)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert sum(len(b[1]) for b in dm.train_dataloader()) == 12 - len(bad)
+
+
+def test_a_sharded_build_of_only_bad_files_is_refused(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 4, size=16)
+    for path in source.rglob("*.jpg"):
+        path.write_bytes(b"not a jpeg")
+    folder = tmp_path / "db.lmdb"
+    with pytest.raises(BuildError, match="Every image in .* was skipped as unreadable"):
+        build_lmdb(source, folder, on_error="skip", shards=2, workers=0, progress=False)
+    assert not (folder / "manifest.json").exists()
+
+
+def _skewed_folder(root: Path) -> Path:
+    """Two classes of tiny icons, then a class of four large noise images (most of the bytes)."""
+    rng = np.random.default_rng(0)
+    for name, count, side in (("a_icons", 12, 8), ("b_icons", 12, 8), ("c_big", 4, 256)):
+        (root / name).mkdir(parents=True)
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(root / name / f"{i:03d}.png")
+    return root
+
+
+def test_shards_are_cut_where_the_source_bytes_are_even(tmp_path: Path) -> None:
+    source = _skewed_folder(tmp_path / "src")
+    folder = build_lmdb(source, tmp_path / "db.lmdb", shards=2, storage="decoded", workers=2, progress=False)
+    metas = [envs.load_meta(p) for p in shards.database_files(folder)]
+    source_bytes = [m.source.bytes for m in metas]
+    assert max(source_bytes) < 1.5 * min(source_bytes), f"unbalanced shards: {source_bytes} source bytes"
+    sizes = [p.stat().st_size for p in shards.database_files(folder)]
+    assert max(sizes) < 2 * min(sizes), f"unbalanced shard files: {sizes} bytes"
+    _same_database(folder, build_lmdb(source, tmp_path / "one.lmdb", storage="decoded", workers=0, progress=False))  # same order
+
+    # each task of a job array computes the same ranges from its own scan
+    jobs = tmp_path / "jobs.lmdb"
+    for index in (1, 0):
+        build(source, jobs, shards=2, shard=index, storage="decoded", workers=0, progress=False)
+    assert [envs.load_meta(p).shard for p in shards.database_files(jobs)] == [m.shard for m in metas]
+
+
+@pytest.mark.parametrize("sizes", [[5] * 7, [0] * 5, [10**9] + [1] * 9, [1] * 9 + [10**9], [3, 10**6, 3, 3, 10**6, 3]])
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_shard_ranges_are_contiguous_and_none_is_empty(sizes: list[int], count: int) -> None:
+    ranges = shards.shard_ranges(sizes, count)
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(sizes) and len(ranges) == count
+    assert all(start < stop for start, stop in ranges) and all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    if sizes == [3, 10**6, 3, 3, 10**6, 3] and count == 2:
+        assert ranges == [(0, 3), (3, 6)], "one large file in each shard"
+
+
+def test_a_refused_build_leaves_nothing_behind(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = make_jpegs(tmp_path / "src", 4, size=16)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["build", str(source), str(tmp_path / "x.lmdb"), "--shards", "500", "--quiet"]) == 2
+    assert "shards=500 is more than the 4 images" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="more than the 4 images"):
+        build_lmdb(source, tmp_path / "new" / "x.lmdb", shards=5, progress=False)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        build_lmdb(tmp_path / "missing", tmp_path / "new" / "y.lmdb", shards=2, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert main(["build", str(source), str(tmp_path / "x.lmdb"), "--quiet"]) == 0  # the plain build is not in the way of anything
+    assert envs.load_meta(tmp_path / "x.lmdb").count == 4
