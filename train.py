@@ -10,27 +10,92 @@
 Each run logs per-epoch wall time, samples/s, data-wait time and fraction, and GPU utilisation
 (``lightning_lmdb.experiment.callbacks.PerfMonitor``) to the console, CSV and TensorBoard, and writes a JSON
 summary in its output directory.
+
+An expected failure -- bad input or config, an unreadable or unwritable file (the project's errors, ``OSError``,
+``lmdb.Error``, Hydra/OmegaConf config errors) -- is reported as one ``train.py: error: ...`` line on stderr with exit
+status 2; anything else is a bug and shows its traceback (as does everything with ``HYDRA_FULL_ERROR=1``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning.pytorch as pl
+import lmdb
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
+import lightning_lmdb
+from lightning_lmdb.cli import EXIT_ERROR, describe_error
+from lightning_lmdb.datamodule import default_cache_dir
 from lightning_lmdb.experiment.callbacks import PerfMonitor
 from lightning_lmdb.experiment.demo import make_demo_dataset
 from lightning_lmdb.experiment.report import SUMMARY_NAME
 
 log = logging.getLogger("train")
+
+#: Failures of the input, the config or the disk: one line, no traceback (the project's own errors count too).
+_EXPECTED_ERRORS = (OSError, lmdb.Error, OmegaConfBaseException, HydraException)
+_PACKAGE_DIR = Path(lightning_lmdb.__file__).resolve().parent
+
+
+def _raised_by_the_project(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the project's errors, or was raised in its code (a ``ValueError`` refusing bad input)."""
+    if type(exc).__module__.split(".")[0] == "lightning_lmdb":
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and isinstance(exc, ValueError) and Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE_DIR)
+
+
+def expected_error(exc: BaseException) -> BaseException | None:
+    """The exception to report in one line for ``exc``, or ``None`` when ``exc`` is a bug (its traceback is wanted).
+
+    Hydra's ``InstantiationException`` stands for its cause: ``data.batch_size=abc`` is reported as the
+    DataModule's own message. Without a cause, or a cause that is a mismatched call (an unknown keyword), it is a config error.
+    """
+    if isinstance(exc, InstantiationException) and exc.__cause__ is not None:
+        cause = exc.__cause__
+        if expected_error(cause) is not None:
+            return cause
+        mismatched_call = isinstance(cause, TypeError) and cause.__traceback__ is not None and cause.__traceback__.tb_next is None
+        return exc if mismatched_call else None
+    return exc if isinstance(exc, _EXPECTED_ERRORS) or _raised_by_the_project(exc) else None
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line that reports ``exc``: its message (of the worker's original error when a loader worker raised it) and advice."""
+    text = str(exc)
+    if "\nOriginal Traceback" in text:  # re-raised by a DataLoader worker: keep the original message, not the worker's traceback
+        return " ".join(text.rpartition(f"{type(exc).__name__}: ")[2].split())
+    return describe_error(exc)
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Report an expected failure as one ``train.py: error: ...`` line and exit with status 2; let a bug propagate."""
+    try:
+        yield
+    except Exception as exc:
+        reported = None if os.environ.get("HYDRA_FULL_ERROR") == "1" else expected_error(exc)
+        if reported is None:
+            raise
+        sys.stdout.flush()
+        print(f"train.py: error: {error_line(reported)}", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
 
 
 def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
@@ -68,12 +133,13 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: one run (a multirun's comparison is written at its end by ``ABReport``)."""
     output_dir = Path(HydraConfig.get().runtime.output_dir)
-    summary = run(cfg, output_dir)
+    with one_line_errors():
+        summary = run(cfg, output_dir)
     where = {
         "summary": output_dir / SUMMARY_NAME,
         "CSV": output_dir / "csv",
         "TensorBoard": output_dir / "tensorboard",
-        "databases": Path(cfg.paths.cache_dir).resolve(),
+        "databases": Path(cfg.data.cache_dir).expanduser().resolve() if cfg.data.get("cache_dir") else default_cache_dir(),
     }
     if cfg.data.train_dir is None or str(Path(cfg.paths.demo_dir).resolve()) == str(Path(str(cfg.data.train_dir)).resolve()):
         where["demo data"] = Path(cfg.paths.demo_dir).resolve()

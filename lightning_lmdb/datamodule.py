@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
@@ -17,7 +19,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
-from torchvision.datasets.folder import find_classes
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
 from lightning_lmdb import blockread, cache, netfs, shards, transforms
 from lightning_lmdb.batchdecode import Collate, DeferredImages
@@ -65,6 +67,46 @@ def choose_shuffle(database_bytes: int, available: int) -> Shuffle:
     """The training order ``shuffle=None`` picks: ``"block"`` when the data (``database_bytes``) does not fit in
     ``available`` bytes of memory (an exact shuffle would then read it a page fault at a time), else ``True``."""
     return "block" if database_bytes >= available else True
+
+
+class CacheDirError(OSError):
+    """``cache_dir`` (or ``local_cache_dir``) cannot be written: a read-only file system, or no permission."""
+
+
+#: Why a folder cannot be written, per errno.
+_NOT_WRITABLE = {errno.EROFS: "a read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+
+
+def _has_images(folder: Path) -> bool:
+    """Whether ``folder`` holds at least one file named like an image, anywhere below it; stops at the first one found.
+
+    Cheap on a large folder (one listing of the folder and of its first class folder); a folder that
+    :func:`~lightning_lmdb.folder.scan_folder` accepts always has one.
+    """
+    return any(has_file_allowed_extension(name, IMG_EXTENSIONS) for _, _, files in os.walk(folder, followlinks=True) for name in files)
+
+
+@contextlib.contextmanager
+def _writing_to(folder: Path, option: str) -> Iterator[None]:
+    """Turn a refused write in (or on the way to) ``folder`` into a :class:`CacheDirError` naming ``option`` and the fix."""
+    try:
+        yield
+    except OSError as exc:
+        name = None if exc.filename is None else Path(os.fsdecode(exc.filename)).absolute()
+        where = folder.absolute()
+        if isinstance(exc, CacheDirError) or exc.errno not in _NOT_WRITABLE or name is None \
+                or not (name.is_relative_to(where) or where.is_relative_to(name)):
+            raise
+        raise CacheDirError(
+            f"{option} {str(folder)!r} is not writable ({_NOT_WRITABLE[exc.errno]}: {str(name)!r}). Choose a writable {option} "
+            f"(Hydra: data.{option}=/path/on/a/writable/disk)."
+        ) from exc
+
+
+def _check_count(name: str, value: Any, minimum: int, meaning: str) -> None:
+    """Refuse ``value`` unless it is an integer ``>= minimum`` (``bool`` is not one); ``meaning`` says what it counts."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum} ({meaning}; Hydra: data.{name}=...).")
 
 
 def default_cache_dir() -> Path:
@@ -178,8 +220,10 @@ class LMDBDataModule(pl.LightningDataModule):
 
     Raises:
         ValueError: A choice that is not one of its valid values, or an out-of-range number (named, with the
-            valid values), or ``val_fraction > 0`` together with ``val_dir``.
+            valid values), or ``val_fraction > 0`` together with ``val_dir``, or a given folder without images
+            (checked at ``prepare_data`` instead with ``on_stale="ignore"``, which promises no scan).
         FileNotFoundError: A given folder does not exist.
+        CacheDirError: (``prepare_data``) ``cache_dir`` or ``local_cache_dir`` cannot be written.
     """
 
     def __init__(
@@ -244,6 +288,11 @@ class LMDBDataModule(pl.LightningDataModule):
                              " to validate on val_dir, or leave val_dir out to split train_dir.")
         if train_dir is None and val_dir is None and test_dir is None:
             raise ValueError("No data: pass train_dir (and val_dir / test_dir or val_fraction).")
+        _check_count("batch_size", batch_size, 1, "samples per batch")
+        _check_count("image_size", image_size, 1, "side in pixels of the images the default transforms make")
+        _check_count("prefetch_factor", prefetch_factor, 1, "batches prefetched per worker")
+        if num_workers is not None:
+            _check_count("num_workers", num_workers, 0, "loader worker processes, 0 loads in this process, None one per core")
         # hyper-parameters are plain values: a Path would not load with torch.load(weights_only=True)
         train_dir, val_dir, test_dir, cache_dir, local_cache_dir = (
             None if d is None else os.fspath(d) for d in (train_dir, val_dir, test_dir, cache_dir, local_cache_dir))
@@ -274,6 +323,12 @@ class LMDBDataModule(pl.LightningDataModule):
                     f" (Hydra: data.{split}_dir=/path/to/images)."
                     + (" With on_stale='ignore' an existing database is served without it, but there is none at "
                        f"{str(self.database_path(split))!r}." if serve_without_folder else "")
+                )
+            if folder is not None and not serve_without_folder and not _has_images(folder):  # on_stale="ignore" promises no scan
+                raise ValueError(
+                    f"No images found in {split}_dir {str(folder)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in "
+                    f"one subfolder per class (ImageFolder layout) or directly in the folder. Pass the folder that holds your images "
+                    f"(Hydra: data.{split}_dir=/path/to/images)."
                 )
         self.readahead = readahead
         self.image_size = image_size
@@ -379,20 +434,22 @@ class LMDBDataModule(pl.LightningDataModule):
         node, nodes = self._node()
         for split, source in sources.items():
             target, options = self.database_path(split), self.build_options
-            if not (self.shared_filesystem and nodes > 1):
-                build_lmdb(source, target, options)
-            elif options.shards is not None:  # this node's shards; the node completing the last one writes the manifest
-                mine = list(range(node, options.shards, nodes))
-                if mine:
-                    build_shards(source, target, options, mine)
-            elif node == 0:  # one file: node 0 builds it, the others wait at Lightning's barrier after prepare_data
-                build_lmdb(source, target, options)
+            with _writing_to(self.cache_dir, "cache_dir"):
+                if not (self.shared_filesystem and nodes > 1):
+                    build_lmdb(source, target, options)
+                elif options.shards is not None:  # this node's shards; the node completing the last one writes the manifest
+                    mine = list(range(node, options.shards, nodes))
+                    if mine:
+                        build_shards(source, target, options, mine)
+                elif node == 0:  # one file: node 0 builds it, the others wait at Lightning's barrier after prepare_data
+                    build_lmdb(source, target, options)
         self.timings["prepare_s"] = time.perf_counter() - started
         if self.local_cache_dir is not None:
             served = [self.served_database_path(split) for split in sources]  # mounted before the clock starts
             started = time.perf_counter()
             for database in served:
-                report = stage(database, self.local_cache_dir)
+                with _writing_to(self.local_cache_dir, "local_cache_dir"):
+                    report = stage(database, self.local_cache_dir)
                 rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
                                f"{report.seconds:.1f} s)")
             self.timings["stage_s"] = time.perf_counter() - started
@@ -641,8 +698,14 @@ class LMDBDataModule(pl.LightningDataModule):
             batch = getattr(module, hook)(batch, dataloader_idx)
         return batch
 
-    def val_dataloader(self) -> DataLoader:
-        """Validation batches in order."""
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        """Validation batches in order; ``[]`` (Lightning: no validation) when there is no validation data by choice.
+
+        With ``val_fraction=0`` and no ``val_dir`` every image of ``train_dir`` is trained on and nothing is validated.
+        """
+        if self.dirs["val"] is None and not self.val_fraction and "val" not in self.datasets:
+            warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")  # Lightning's "is [] intended?"
+            return []
         return self._loader("val", train=False)
 
     def test_dataloader(self) -> DataLoader:

@@ -301,3 +301,92 @@ def test_checkpoint_hyperparameters_are_plain_and_load_weights_only(tmp_path: Pa
                          enable_model_summary=False)
     trainer.fit(TinyClassifier(2), datamodule=restored, ckpt_path=ckpt, weights_only=True)
     assert trainer.current_epoch == 2 and trainer.state.finished
+
+
+class SampleCounter(TinyClassifier):
+    """Counts the training samples it sees and the validation steps it runs."""
+
+    def __init__(self, num_classes: int):
+        super().__init__(num_classes)
+        self.trained_on, self.validation_steps = 0, 0
+
+    def training_step(self, batch, batch_idx):
+        self.trained_on += len(batch[1])
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.validation_steps += 1
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+def test_val_fraction_zero_trains_on_every_image_without_validation(tmp_path: Path, backend: str) -> None:
+    source = make_jpegs(tmp_path / "src", 10, size=16)
+    dm = LMDBDataModule(source, val_fraction=0, backend=backend, cache_dir=tmp_path / "cache", batch_size=4, num_workers=0,
+                        build_workers=0, train_transform=eval_transform(8))
+    model = SampleCounter(2)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)  # with Lightning's default sanity check, which asks for validation data too
+    trainer.fit(model, datamodule=dm)
+    assert trainer.state.finished and model.trained_on == 2 * 10, "every image, every epoch"
+    assert model.validation_steps == 0 and dm.val_dataloader() == []
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("batch_size", "abc", "batch_size='abc' must be an integer >= 1"),
+        ("batch_size", 0, "batch_size=0 must be an integer >= 1"),
+        ("num_workers", -1, "num_workers=-1 must be an integer >= 0"),
+        ("num_workers", "2", "num_workers='2' must be an integer >= 0"),
+        ("image_size", 0, "image_size=0 must be an integer >= 1"),
+        ("image_size", True, "image_size=True must be an integer >= 1"),
+        ("prefetch_factor", 0, "prefetch_factor=0 must be an integer >= 1"),
+    ],
+)
+def test_loader_numbers_are_refused_at_construction(tmp_path: Path, option: str, value: object, message: str) -> None:
+    source = make_jpegs(tmp_path / "src", 2, size=8)
+    with pytest.raises(ValueError, match=rf"^{message} \(.*Hydra: data\.{option}="):
+        LMDBDataModule(source, cache_dir=tmp_path / "cache", **{option: value})
+
+
+@pytest.mark.parametrize("split", ["train_dir", "val_dir", "test_dir"])
+def test_a_folder_without_images_is_refused_at_construction(tmp_path: Path, split: str) -> None:
+    source = make_jpegs(tmp_path / "src", 4, size=8)
+    empty = tmp_path / "empty"
+    (empty / "class_a").mkdir(parents=True)  # class folders, but no image in any of them
+    (empty / "notes.txt").write_text("not an image")
+    dirs = {"train_dir": source, split: empty}
+    with pytest.raises(ValueError, match=rf"No images found in {split} '.*empty'.*Hydra: data\.{split}="):
+        LMDBDataModule(**dirs, cache_dir=tmp_path / "cache")
+
+
+def test_on_stale_ignore_checks_for_images_at_prepare_data_not_construction(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    dm = LMDBDataModule(tmp_path / "empty", cache_dir=tmp_path / "cache", on_stale="ignore", build_workers=0)  # promises no scan
+    with pytest.raises(ValueError, match="No images found in .*empty"):
+        dm.prepare_data()
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path):
+    """An existing folder on a read-only file system (behind a netfs mount: writes fail with EROFS, even for root)."""
+    from lightning_lmdb import netfs
+
+    try:
+        netfs.check_available()
+    except netfs.NetfsUnavailableError as exc:
+        pytest.skip(f"FUSE unavailable: {exc}")
+    (tmp_path / "ro_src").mkdir()
+    with netfs.mounted(tmp_path / "ro_src", tmp_path / "ro", latency_ms=0) as mount:
+        yield mount.path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("below", [False, True], ids=["the-folder", "a-folder-to-create-in-it"])
+def test_a_read_only_cache_dir_is_named_with_the_fix(tmp_path: Path, read_only_dir: Path, below: bool) -> None:
+    from lightning_lmdb.datamodule import CacheDirError
+
+    cache_dir = read_only_dir / "sub" / "cache" if below else read_only_dir
+    dm = LMDBDataModule(make_jpegs(tmp_path / "src", 4, size=8), cache_dir=cache_dir, build_workers=0)
+    with pytest.raises(CacheDirError, match=rf"cache_dir '{cache_dir}' is not writable \(a read-only file system.*data\.cache_dir="):
+        dm.prepare_data()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,7 @@ def test_cold_cache_evicts_before_each_epoch(tmp_path: Path, monkeypatch: pytest
 
 
 def test_cold_cache_turns_persistent_workers_off(tmp_path: Path) -> None:
-    dm = LMDBDataModule(tmp_path, num_workers=2, persistent_workers=True, cold_cache=True)
+    dm = LMDBDataModule(make_jpegs(tmp_path / "src", 2, size=8), num_workers=2, persistent_workers=True, cold_cache=True)
     assert dm.persistent_workers is False
 
 
@@ -125,3 +126,95 @@ def test_checkpoint_every_n_steps_then_resume_completes_the_epoch(tmp_path: Path
         second = compose("train", overrides=[*tiny, f"ckpt_path={ckpt}"])
     summary = train_module.run(second, tmp_path / "second")
     assert [e["samples"] for e in summary["epochs"]] == [22 - 2 * 4], "the resumed epoch trains on the remaining samples only"
+
+
+@pytest.mark.parametrize("model", ["noop", "toy_cnn"])
+def test_val_fraction_zero_trains_on_every_image_without_validation(tmp_path: Path, train_module, model: str) -> None:
+    overrides = [*TINY, f"model={model}", "data.val_fraction=0", "trainer.max_epochs=1", f"paths.data_dir={tmp_path}"]
+    if model == "noop":
+        overrides.remove("model.width=8")
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    summary = train_module.run(cfg, tmp_path / "out")
+    assert [e["samples"] for e in summary["epochs"]] == [3 * 8], "every demo image is trained on"
+    with open(next((tmp_path / "out" / "csv").rglob("metrics.csv"))) as handle:
+        logged = {k for row in csv.DictReader(handle) for k, v in row.items() if v}
+    assert not any(k.startswith("val/") for k in logged), logged
+
+
+def _bad_folders(tmp_path: Path) -> dict[str, Path]:
+    from imagegen import truncated_jpeg
+
+    corrupt = make_jpegs(tmp_path / "corrupt", 4, size=16)
+    (corrupt / "c0" / "broken.jpg").write_bytes(truncated_jpeg())
+    empty_class = make_jpegs(tmp_path / "empty_class", 4, size=16)
+    (empty_class / "c_empty").mkdir()
+    return {"corrupt": corrupt, "empty_class": empty_class, "good": make_jpegs(tmp_path / "good", 4, size=16)}
+
+
+def _one_line_error(train_module, cfg, out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exited, train_module.one_line_errors():
+        train_module.run(cfg, out)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err  # a build's progress bar may come before the error
+    last = err.rstrip("\n").rpartition("\n")[2]
+    assert last.startswith("train.py: error: ") and err.count("train.py: error: ") == 1 and "Traceback" not in err, err
+    return last
+
+
+@pytest.mark.parametrize(
+    ("folder", "override", "expected"),
+    [
+        ("corrupt", "data.on_error=raise", r"broken\.jpg: corrupt or truncated image.*data\.on_error=skip"),
+        ("empty_class", "data.on_error=raise", r"no valid file for the classes c_empty.*remove the empty ones"),
+        ("good", "data.batch_size=abc", r"batch_size='abc' must be an integer >= 1.*data\.batch_size="),
+    ],
+)
+def test_expected_failures_are_one_line(tmp_path: Path, train_module, capsys: pytest.CaptureFixture[str], folder: str, override: str,
+                                        expected: str) -> None:
+    source = _bad_folders(tmp_path)[folder]
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[*TINY, f"data.train_dir={source}", f"paths.data_dir={tmp_path}", override])
+    assert re.search(expected, _one_line_error(train_module, cfg, tmp_path / "out", capsys))
+
+
+@pytest.mark.slow
+def test_a_read_only_cache_dir_is_one_line_naming_it(tmp_path: Path, train_module, capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_lmdb import netfs
+
+    try:
+        netfs.check_available()
+    except netfs.NetfsUnavailableError as exc:
+        pytest.skip(f"FUSE unavailable: {exc}")
+    (tmp_path / "ro_src").mkdir()
+    source = make_jpegs(tmp_path / "src", 4, size=16)
+    with netfs.mounted(tmp_path / "ro_src", tmp_path / "ro", latency_ms=0) as read_only:  # writes fail with EROFS, even for root
+        with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+            cfg = compose("train", overrides=[*TINY, f"data.train_dir={source}", f"data.cache_dir={read_only.path}"])
+        err = _one_line_error(train_module, cfg, tmp_path / "out", capsys)
+    expected = (rf"cache_dir '{read_only.path}' is not writable \(a read-only file system.*"
+                r"Choose a writable cache_dir \(Hydra: data\.cache_dir=")
+    assert re.search(expected, err), err
+
+
+def test_a_bug_still_shows_its_traceback(train_module) -> None:
+    from hydra.errors import InstantiationException
+
+    with pytest.raises(KeyError), train_module.one_line_errors():
+        raise KeyError("a bug")
+    with pytest.raises(ValueError, match="invalid literal"), train_module.one_line_errors():
+        int("not raised by the project")  # a ValueError outside the project's code is a bug, not bad input
+    with pytest.raises(InstantiationException), train_module.one_line_errors():
+        try:
+            {}["missing"]
+        except KeyError as exc:
+            raise InstantiationException("Error in call to target") from exc
+
+
+@pytest.mark.slow
+def test_train_py_reports_a_corrupt_image_in_one_line(tmp_path: Path) -> None:
+    source = _bad_folders(tmp_path)["corrupt"]
+    cmd = [sys.executable, "train.py", f"data.train_dir={source}", f"paths.data_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}", *TINY]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert re.search(r"\ntrain\.py: error: .*broken\.jpg: corrupt or truncated image.*\n$", result.stderr), result.stderr[-3000:]
