@@ -5,7 +5,7 @@
     python train.py data.train_dir=/my/images data.cold_cache=true
     python train.py -m data=raw,lmdb model=noop data.netfs_latency_ms=0.5   # A/B on emulated network storage
     python train.py checkpoint_every_n_steps=5          # kill it mid-epoch, then resume:
-    python train.py ckpt_path=outputs/<date>/<time>/checkpoints/last.ckpt
+    python train.py checkpoint_every_n_steps=5 ckpt_path=outputs/<date>/<time>/checkpoints/last.ckpt
 
 Each run logs per-epoch wall time, samples/s, data-wait time and fraction, and GPU utilisation
 (``lightning_lmdb.experiment.callbacks.PerfMonitor``) to the console, CSV and TensorBoard, and writes a JSON
@@ -122,7 +122,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     every = cfg.get("checkpoint_every_n_steps")
     if every:  # last.ckpt every N steps, with the training loader's position in the epoch
         callbacks.append(ModelCheckpoint(dirpath=output_dir / "checkpoints", every_n_train_steps=every, save_last=True, save_top_k=1))
-        log.info("Checkpoints every %d steps: resume a killed run with ckpt_path=%s", every, output_dir / "checkpoints" / "last.ckpt")
+        log.info("Checkpoints every %d steps: resume a killed run with checkpoint_every_n_steps=%d ckpt_path=%s", every, every,
+                 output_dir / "checkpoints" / "last.ckpt")
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, default_root_dir=str(output_dir),
                           enable_checkpointing=bool(every))
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
