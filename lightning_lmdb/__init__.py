@@ -15,6 +15,7 @@ _EXPORTS = {
     "build_lmdb": "lightning_lmdb.writer",
     "BuildError": "lightning_lmdb.writer",
     "StaleDatabaseError": "lightning_lmdb.writer",
+    "DiskFullError": "lightning_lmdb.writer",
     "DatabaseError": "lightning_lmdb.format",
     "ImageDecodeError": "lightning_lmdb.codec",
     "BuildOptions": "lightning_lmdb.options",
@@ -23,6 +24,7 @@ _EXPORTS = {
     "LMDBImageDataset": "lightning_lmdb.dataset",
     "RawImageDataset": "lightning_lmdb.dataset",
     "LMDBDataModule": "lightning_lmdb.datamodule",
+    "CacheDirError": "lightning_lmdb.datamodule",
     "stage": "lightning_lmdb.staging",
 }
 
