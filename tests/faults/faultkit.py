@@ -6,11 +6,15 @@ builder's kill points, which SIGKILL the group they lead, kill the child and its
 workers and nothing else), runs the function, sends back what it returned or raised through a pipe
 and leaves with ``os._exit`` (never returning into pytest). The parent waits on a pidfd with a
 deadline: a child that hangs is killed with its group and reported, never waited on forever.
+
+Also here: :func:`missing_prerequisite`, for a test whose prerequisite (root, a mount) CI provides: it
+skips elsewhere, but fails on CI, where a skip would hide that the test never ran.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import select
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from imagegen import read_records
 
 
@@ -183,8 +188,42 @@ def contents(path: Path) -> tuple[dict, list[bytes]]:
     return meta, values
 
 
+def sharded_contents(folder: Path) -> tuple[dict, list[tuple[dict, list[bytes]]]]:
+    """(manifest without build ids, digests and ``created``, :func:`contents` of each shard) of a finished sharded database.
+
+    Two builds of one source and options give equal results, however their shards were built (build ids,
+    creation times and the header digests covering them differ between builds).
+    """
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    for key in ("created", "build_id"):
+        manifest.pop(key)
+    for entry in manifest["shards"]:
+        entry.pop("build_id")
+        entry.pop("digest")
+    return manifest, [contents(folder / entry["file"]) for entry in manifest["shards"]]
+
+
 def leftovers(target: Path) -> list[str]:
     """Names of build files (``.partial``, ``.partial-lock``) left beside ``target``."""
     return sorted(p.name for p in target.parent.glob(target.name + ".partial*"))
 
 
+def on_ci() -> bool:
+    """Whether this runs on CI: ``CI`` set to anything but empty, ``0``, ``false`` or ``no`` (as ``tests/test_staging_faults.py``)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def missing_prerequisite(reason: str, fix: str) -> None:
+    """Skip the test because of ``reason`` (a prerequisite is missing) -- but fail it on CI, whose ``.ci/run`` provides it.
+
+    Args:
+        reason: What is missing, e.g. ``"mounting a small tmpfs needs root"``.
+        fix: What the CI job must provide, e.g. ``"run the job as root"``.
+
+    Raises:
+        pytest.fail.Exception: On CI (see :func:`on_ci`): a skip there would hide that the test never ran.
+        pytest.skip.Exception: Elsewhere.
+    """
+    if on_ci():
+        pytest.fail(f"{reason}; on CI (CI={os.environ['CI']!r}) this test must run, not skip: {fix}", pytrace=False)
+    pytest.skip(reason)

@@ -1,19 +1,22 @@
 """A build that fills its disk: a ``DiskFullError`` that says what to do, nothing committed lost, a rerun resumes.
 
-The disk is a 2 MB tmpfs mounted for the test (needs root and mount rights; skipped otherwise) and grown
-with ``remount`` before the rerun, so the partial build stays where it was.
+The disk is a 2 MB tmpfs mounted for the test and grown with ``remount`` before the rerun, so the partial
+build stays where it was. Mounting needs root and mount rights: without them the test skips, except on CI
+(``CI`` set), whose ``.ci/run`` runs as root -- there it fails, so the real message is never left unchecked.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faultkit import contents, leftovers, run_forked
+from faultkit import contents, leftovers, missing_prerequisite, run_forked
 from imagegen import make_jpegs
 
 from lightning_lmdb import format as fmt
@@ -26,16 +29,24 @@ def _mount(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
 
 
+def _mount_small_tmpfs(disk: Path) -> str | None:
+    """Mount a 2 MB tmpfs on ``disk``; the reason it could not be, or None."""
+    if os.geteuid() != 0:
+        return "mounting a small tmpfs to fill needs root"
+    if shutil.which("mount") is None:
+        return "no mount command"
+    mounted = _mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk))
+    return None if mounted.returncode == 0 else f"cannot mount a tmpfs here ({mounted.stderr.strip()})"
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs mounted on a fresh folder; unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill needs root")
+    """A 2 MB tmpfs mounted on a fresh folder, unmounted afterwards; skipped where it cannot be mounted, but a failure on CI."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = _mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk))
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()})")
+    reason = _mount_small_tmpfs(disk)
+    if reason:
+        missing_prerequisite(reason, "run the job as root with mount rights, as .ci/run expects")
     try:
         yield disk
     finally:
@@ -46,7 +57,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.slow
 def test_full_disk_raises_disk_full_and_a_rerun_resumes(tmp_path: Path, small_disk: Path) -> None:
     source = make_jpegs(tmp_path / "src", COUNT, size=128)
-    assert sum(p.stat().st_size for p in source.rglob("*.jpg")) > (5 << 20) // 2, "the source must not fit the 2 MB disk"
+    assert sum(p.stat().st_size for p in source.rglob("*.jpg")) > shutil.disk_usage(small_disk).total, "the source must not fit the disk"
     reference = build(source, tmp_path / "reference.lmdb", workers=0, progress=False)
     target = small_disk / "out.lmdb"
 
@@ -54,11 +65,7 @@ def test_full_disk_raises_disk_full_and_a_rerun_resumes(tmp_path: Path, small_di
     full = run_forked(build, source, target, workers=0, commit_every=25, progress=False)
     assert full.raised("DiskFullError") and full.raised("OSError"), str(full)
     assert full.errno == errno.ENOSPC
-    message = full.message
-    assert "is full" in message
-    assert str(small_disk) in message, "the message should name the folder that is full"
-    assert "MB more" in message
-    assert "rerun" in message and "resumes" in message
+    _check_message(full.message, small_disk, target, source_bytes=sum(p.stat().st_size for p in source.rglob("*.jpg")))
     assert not target.exists() and fmt.partial_path(target).exists()
 
     grown = _mount("-o", "remount,size=64m", str(small_disk))
@@ -69,3 +76,29 @@ def test_full_disk_raises_disk_full_and_a_rerun_resumes(tmp_path: Path, small_di
     assert (COUNT - report.records_written) % 25 == 0, "the rerun resumes after the last committed batch"
     assert leftovers(target) == []
     assert contents(target) == contents(reference.path)
+
+
+def _check_message(message: str, disk: Path, target: Path, source_bytes: int) -> None:
+    """The disk-full message names the full folder, the database, the bytes still needed and the fix, on one line."""
+    assert "\n" not in message, message
+    assert f"The disk holding {disk} is full" in message, "the message should name the folder that is full"
+    assert target.name in message, "the message should name the database being built"
+    assert "Nothing was lost" in message and "free space" in message and "another disk" in message, "the message should say the fix"
+    assert "rerun" in message and "resumes" in message
+    numbers = re.search(r"is full \(([\d.]+) MB free\).* needs about ([\d.]+) MB more \(([\d.]+) MB written of an estimated "
+                        r"([\d.]+) MB\)", message)
+    assert numbers, f"the message should say how many bytes are free and still needed: {message}"
+    free, more, written, estimate = (float(n) * 1e6 for n in numbers.groups())
+    total = shutil.disk_usage(disk).total
+    assert free < total and 0 < written <= total, "what is free and what was written are of this disk"
+    assert estimate >= source_bytes, "an encoded build stores every source file's bytes: the estimate cannot be less"
+    assert more >= estimate - written - 0.1e6, "what is still needed is the rest of the estimate (to the message's rounding)"
+    assert more >= source_bytes - total, "what is still needed is at least what the disk could not hold"
+
+
+@pytest.mark.parametrize(("ci", "on_ci"), [("", False), ("0", False), ("false", False), ("No", False), ("true", True), ("1", True)])
+def test_a_missing_prerequisite_skips_but_fails_on_ci(monkeypatch: pytest.MonkeyPatch, ci: str, on_ci: bool) -> None:
+    monkeypatch.setenv("CI", ci)
+    outcome = pytest.fail.Exception if on_ci else pytest.skip.Exception
+    with pytest.raises(outcome, match="needs root"):
+        missing_prerequisite("mounting a small tmpfs needs root", "run the job as root")
