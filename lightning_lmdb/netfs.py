@@ -36,7 +36,13 @@ How it behaves, and why:
   its own): DataLoader workers forked later neither inherit nor stall it. Leaving the ``with`` block
   -- normally, by an exception or Ctrl-C -- or the process's exit unmounts it (``fusermount3 -u``,
   lazily with ``-z`` if it is busy), then stops the server, each step with a timeout, so a dead
-  mount never hangs a run. A mount point left mounted by a run that died is unmounted first.
+  mount never hangs a run.
+* **SIGTERM** (``kill``, ``timeout``, a scheduler's stop) unmounts too: while a process holds mounts,
+  SIGTERM's default action is preceded by the unmount (the exit status stays -15 / 143) -- unless the
+  process has its own SIGTERM handler (Lightning's ``Trainer`` installs one that stops the run at the
+  next step): that handler decides, and the exit unmounts. A server whose client is gone (``kill -9``,
+  a crash) unmounts lazily and exits within a second. A mount point still left mounted (its server
+  killed too) is unmounted by the next mount there.
 * **Where FUSE is unavailable** (no ``/dev/fuse``, no libfuse / ``fusermount3``, no ``mfusepy``)
   :func:`check_available` raises :class:`NetfsUnavailableError` saying what to install.
 
@@ -49,12 +55,14 @@ import argparse
 import atexit
 import contextlib
 import errno
+import json
 import os
 import random
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -69,6 +77,8 @@ _MOUNT_TIMEOUT_S = 15.0
 #: libfuse's FUSE_CAP_PARALLEL_DIROPS: lookups in one folder run in parallel (as on NFS), not one at a time.
 _PARALLEL_DIROPS = 1 << 18
 _UNMOUNT_TIMEOUT_S = 10.0
+#: How often the server checks that the process that started it is still alive.
+_PARENT_POLL_S = 0.5
 #: The server's scheduling priority where allowed (root): a busy loader must not delay its answers past the latency.
 _SERVER_NICE = -10
 #: How long the kernel trusts a name's lookup and a file's attributes (then asks again: a round trip).
@@ -116,19 +126,32 @@ class _Delay:
         self.latency_s, self.jitter_s, self.bandwidth_b_s = latency_s, jitter_s, bandwidth_b_s
         self._lock = threading.Lock()
         self._free_at = 0.0  # when the bandwidth is next free
-        self.requests = 0
+        self.requests = 0  # delayed requests served
+        self.in_flight = 0  # requests being delayed now
+        self.max_in_flight = 0  # the most requests delayed at the same time
 
     def __call__(self, nbytes: int = 0) -> None:
-        self.requests += 1
         wait = self.latency_s + (random.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0)
-        if self.bandwidth_b_s and nbytes:
-            with self._lock:  # reserve this transfer's slot of the shared bandwidth
+        with self._lock:
+            self.requests += 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if self.bandwidth_b_s and nbytes:  # reserve this transfer's slot of the shared bandwidth
                 now = time.monotonic()
                 start = max(now, self._free_at)
                 self._free_at = start + nbytes / self.bandwidth_b_s
                 wait = max(wait, self._free_at - now)
-        if wait > 0:
-            time.sleep(wait)
+        try:
+            if wait > 0:
+                time.sleep(wait)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def counts(self) -> dict[str, int]:
+        """What the mount served: ``requests`` (delayed) and ``max_in_flight`` (the most delayed at the same time)."""
+        with self._lock:
+            return {"requests": self.requests, "max_in_flight": self.max_in_flight}
 
 
 def _operations(root: str, delay: _Delay) -> Any:
@@ -197,8 +220,12 @@ def _operations(root: str, delay: _Delay) -> Any:
 
 
 def serve(source: str, mountpoint: str, *, latency_ms: float, jitter_ms: float = 0.0, bandwidth_mb_s: float | None = None,
-          max_threads: int = 32, cache_contents: bool = True) -> None:
-    """Serve ``source`` at ``mountpoint`` in this process until unmounted or signalled (what :func:`mount` starts)."""
+          max_threads: int = 32, cache_contents: bool = True) -> dict[str, int]:
+    """Serve ``source`` at ``mountpoint`` in this process until unmounted or signalled (what :func:`mount` starts).
+
+    Returns:
+        What was served (see :meth:`_Delay.counts`).
+    """
     import mfusepy
 
     delay = _Delay(latency_ms / 1e3, jitter_ms / 1e3, None if bandwidth_mb_s is None else bandwidth_mb_s * 1e6)
@@ -208,6 +235,23 @@ def serve(source: str, mountpoint: str, *, latency_ms: float, jitter_ms: float =
                  default_permissions=True, kernel_cache=cache_contents, attr_timeout=CACHE_TIMEOUT_S, entry_timeout=CACHE_TIMEOUT_S,
                  negative_timeout=0,
                  max_threads=max_threads, fsname="lightning-lmdb-netfs", subtype="netfs")
+    return delay.counts()
+
+
+def _exit_with(parent_pid: int, mountpoint: str) -> None:
+    """Unmount (lazily if busy) and exit once the process ``parent_pid`` that started this server is gone.
+
+    A client killed by SIGKILL or a crash closes nothing; its server must not serve its mount forever. The
+    unmount ends :func:`serve`'s loop; should it not end, the server exits anyway.
+    """
+    def watch() -> None:
+        while os.getppid() == parent_pid:  # a dead parent's children are handed to init (or a subreaper)
+            time.sleep(_PARENT_POLL_S)
+        _unmount(Path(mountpoint))
+        time.sleep(_UNMOUNT_TIMEOUT_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="netfs-parent-watch", daemon=True).start()
 
 
 # --- the client side ------------------------------------------------------------------------------------
@@ -223,6 +267,8 @@ class Mount:
         latency_ms: The latency added to every request.
         cache_contents: Whether files' pages stay cached across opens.
         seconds_to_mount: How long mounting took (the server's start).
+        requests: After :meth:`close`, the requests the server delayed (``None`` before, or if it had to be killed).
+        max_in_flight: After :meth:`close`, the most requests it delayed at the same time (``None`` likewise).
     """
 
     source: Path
@@ -231,6 +277,9 @@ class Mount:
     cache_contents: bool = True
     process: subprocess.Popen[bytes] | None = field(repr=False, default=None)
     seconds_to_mount: float = 0.0
+    requests: int | None = None
+    max_in_flight: int | None = None
+    owner_pid: int = field(repr=False, default_factory=os.getpid)  # a forked child inherits the handle, not the server
 
     def close(self) -> None:
         """Unmount (lazily if busy) and stop the server; each step has a timeout. Safe to call twice."""
@@ -240,6 +289,7 @@ class Mount:
         _unmount(self.path)
         try:
             process.wait(timeout=_UNMOUNT_TIMEOUT_S)
+            self._read_counts(process)
         except subprocess.TimeoutExpired:
             process.terminate()
             try:
@@ -247,8 +297,22 @@ class Mount:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        finally:
+            if process.stdout is not None:
+                process.stdout.close()
         with contextlib.suppress(ValueError):
             _LIVE.remove(self)
+        _release_sigterm()
+
+    def _read_counts(self, process: subprocess.Popen[bytes]) -> None:
+        """Take what the server said it served as it exited (one line of JSON, already in the pipe: never waits)."""
+        if process.stdout is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            os.set_blocking(process.stdout.fileno(), False)
+            counts = json.loads(os.read(process.stdout.fileno(), 1 << 16) or b"null")
+            if isinstance(counts, dict):
+                self.requests, self.max_in_flight = counts.get("requests"), counts.get("max_in_flight")
 
     def through(self, path: str | os.PathLike[str]) -> Path:
         """``path`` (under :attr:`source`) as it is reached through this mount."""
@@ -266,8 +330,32 @@ _LIVE: list[Mount] = []
 
 @atexit.register
 def _close_all() -> None:
+    """Close this process's live mounts (a forked child's inherited handles belong to its parent)."""
     for live in list(_LIVE):
-        live.close()
+        if live.owner_pid == os.getpid():
+            live.close()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM while this process holds mounts: unmount them, then end the process as SIGTERM does (status -15)."""
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        return  # chained to by a handler installed later (Lightning's Trainer): that one decides how to stop; the exit unmounts
+    _close_all()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _catch_sigterm() -> None:
+    """Have SIGTERM unmount first: where its action is the default one, and from the main thread (where handlers are set)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _release_sigterm() -> None:
+    """Give SIGTERM its default action back once this process holds no mount (a handler delays it to the next bytecode)."""
+    if (threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is _on_sigterm
+            and not any(live.owner_pid == os.getpid() for live in _LIVE)):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def disk_path(path: str | os.PathLike[str]) -> Path:
@@ -336,25 +424,29 @@ def mount(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str], *,
     if any(target.iterdir()):
         raise ValueError(f"Mount point {str(target)!r} is not empty; FUSE mounts on an empty folder only. Choose or empty another one.")
     command = [sys.executable, "-m", "lightning_lmdb.netfs", "serve", str(source), str(target), "--latency-ms", str(latency_ms),
-               "--jitter-ms", str(jitter_ms), "--max-threads", str(max_threads)]
+               "--jitter-ms", str(jitter_ms), "--max-threads", str(max_threads), "--parent-pid", str(os.getpid())]
     if bandwidth_mb_s is not None:
         command += ["--bandwidth-mb-s", str(bandwidth_mb_s)]
     if not cache_contents:
         command.append("--no-cache")
+    _catch_sigterm()
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               start_new_session=True)  # Ctrl-C reaches us, not the server: we unmount it in order
-    handle = Mount(source, target, latency_ms, cache_contents, process)
-    while not is_mounted(target):
-        if process.poll() is not None:
-            error = process.stderr.read().decode(errors="replace").strip() if process.stderr else ""
-            raise NetfsError(f"The latency mount of {str(source)!r} at {str(target)!r} failed to start: {error or 'no error output'}")
-        if time.perf_counter() - started > _MOUNT_TIMEOUT_S:
-            handle.close()
-            raise NetfsError(f"The latency mount at {str(target)!r} did not appear within {_MOUNT_TIMEOUT_S:.0f} s; it was stopped.")
-        time.sleep(0.01)
+    with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a server that logs much must not block on a full pipe
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                                   start_new_session=True)  # Ctrl-C reaches us, not the server: we unmount it in order
+        handle = Mount(source, target, latency_ms, cache_contents, process)
+        _LIVE.append(handle)  # from now on, SIGTERM or the exit stops it
+        while not is_mounted(target):
+            if process.poll() is not None:
+                handle.close()
+                errors.seek(0)
+                error = errors.read().decode(errors="replace").strip()
+                raise NetfsError(f"The latency mount of {str(source)!r} at {str(target)!r} failed to start: {error or 'no error output'}")
+            if time.perf_counter() - started > _MOUNT_TIMEOUT_S:
+                handle.close()
+                raise NetfsError(f"The latency mount at {str(target)!r} did not appear within {_MOUNT_TIMEOUT_S:.0f} s; it was stopped.")
+            time.sleep(0.01)
     handle.seconds_to_mount = time.perf_counter() - started
-    _LIVE.append(handle)
     return handle
 
 
@@ -396,10 +488,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth-mb-s", type=float, default=None)
     parser.add_argument("--max-threads", type=int, default=32)
     parser.add_argument("--no-cache", action="store_true")
+    parser.add_argument("--parent-pid", type=int, default=None, help="unmount and exit once this process is gone")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client unmounts; a Ctrl-C meant for it must not kill us first
-    serve(args.source, args.mountpoint, latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, bandwidth_mb_s=args.bandwidth_mb_s,
-          max_threads=args.max_threads, cache_contents=not args.no_cache)
+    if args.parent_pid is not None:
+        if os.getppid() != args.parent_pid:
+            return 1  # the client died before its server started
+        _exit_with(args.parent_pid, args.mountpoint)
+    counts = serve(args.source, args.mountpoint, latency_ms=args.latency_ms, jitter_ms=args.jitter_ms,
+                   bandwidth_mb_s=args.bandwidth_mb_s, max_threads=args.max_threads, cache_contents=not args.no_cache)
+    with contextlib.suppress(OSError):  # the client reads it at close (and may be gone)
+        os.write(sys.stdout.fileno(), json.dumps(counts).encode() + b"\n")
     return 0
 
 
