@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import io
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -179,3 +183,92 @@ def downgrade_to_v1(path: Path) -> Path:
         txn.put(fmt.META_KEY, fmt.dump_json(meta))
     env.close()
     return path
+
+
+# --- images of known content: what every decoder must give, computed without a decoder ---------------------
+
+#: The size (width, height) of :func:`known_images` (not square: a transposed decode shows).
+KNOWN_SIZE = (64, 48)
+#: A JPEG of :func:`known_images` (quality 95, smooth content) stays this close to the known pixels with any decoder.
+JPEG_MEAN_ERROR, JPEG_MAX_ERROR = 2.0, 12
+
+
+@dataclass(frozen=True)
+class Known:
+    """An encoded image and the RGB pixels its content was made from.
+
+    Attributes:
+        data: The encoded file.
+        rgb: ``H x W x 3`` ``uint8``: what ``convert("RGB")`` gives (alpha dropped, grey replicated, palette looked up).
+        lossless: The format keeps pixels exactly (else: within :data:`JPEG_MEAN_ERROR` / :data:`JPEG_MAX_ERROR`).
+    """
+
+    data: bytes
+    rgb: np.ndarray
+    lossless: bool
+
+
+def gradient(width: int = KNOWN_SIZE[0], height: int = KNOWN_SIZE[1]) -> np.ndarray:
+    """``H x W x 3`` ``uint8``: red ``4x``, green ``5y``, blue ``255 - 2x - y`` (smooth; each pixel's value known). At most 64 x 51."""
+    y, x = np.mgrid[0:height, 0:width]
+    return np.stack([4 * x, 5 * y, 255 - 2 * x - y], axis=-1).astype(np.uint8)
+
+
+def known_images() -> dict[str, Known]:
+    """Images of every mode the decoders convert (RGBA, grey, grey + alpha, palette, 1-bit), each with its expected RGB pixels."""
+    rgb = gradient()
+    height, width = rgb.shape[:2]
+    y, x = np.mgrid[0:height, 0:width]
+    alpha = (64 + 3 * x).astype(np.uint8)  # never 0: lossy alpha coders may change the colour of invisible pixels
+    grey = (2 * x + 2 * y).astype(np.uint8)
+    palette = np.array([[16 * i, 255 - 16 * i, 37 * i % 256] for i in range(16)], dtype=np.uint8)
+    indices = ((x // 8 + y // 8) % 16).astype(np.uint8)
+    checks = (x // 8 + y // 8) % 2 == 1
+    rgba = Image.fromarray(np.dstack([rgb, alpha]), "RGBA")
+    grey_alpha = Image.fromarray(np.dstack([grey, alpha]), "LA")
+    indexed = Image.fromarray(indices, "P")
+    indexed.putpalette(palette.tobytes())
+    grey_rgb, palette_rgb = np.repeat(grey[..., None], 3, axis=-1), palette[indices]
+    lossless = {
+        "png RGB": (encode(Image.fromarray(rgb), "PNG"), rgb),
+        "png RGBA": (encode(rgba, "PNG"), rgb),
+        "png L": (encode(Image.fromarray(grey), "PNG"), grey_rgb),
+        "png LA": (encode(grey_alpha, "PNG"), grey_rgb),
+        "png P": (encode(indexed, "PNG"), palette_rgb),
+        "png P transparency": (encode(indexed, "PNG", transparency=0), palette_rgb),
+        "png 1-bit": (encode(Image.fromarray(checks), "PNG"), np.repeat(checks[..., None], 3, axis=-1).astype(np.uint8) * 255),
+        "webp lossless": (encode(Image.fromarray(rgb), "WEBP", lossless=True), rgb),
+        "webp lossless alpha": (encode(rgba, "WEBP", lossless=True, exact=True), rgb),
+        "gif": (encode(indexed, "GIF"), palette_rgb),
+        "bmp": (encode(Image.fromarray(rgb), "BMP"), rgb),
+        "tiff": (encode(Image.fromarray(rgb), "TIFF"), rgb),
+    }
+    lossy = {
+        "jpeg RGB": (encode(Image.fromarray(rgb), "JPEG", quality=95), rgb),
+        "jpeg RGB 4:4:4": (encode(Image.fromarray(rgb), "JPEG", quality=95, subsampling=0), rgb),
+        "jpeg progressive": (encode(Image.fromarray(rgb), "JPEG", quality=95, progressive=True), rgb),
+        "jpeg L": (encode(Image.fromarray(grey), "JPEG", quality=95), grey_rgb),
+    }
+    return {name: Known(data, expected, name in lossless) for name, (data, expected) in {**lossless, **lossy}.items()}
+
+
+def quadrants(colours: np.ndarray, width: int = 96, height: int = 64) -> np.ndarray:
+    """``H x W x 3`` ``uint8`` in four solid quadrants: ``colours`` top left, top right, bottom left, bottom right.
+
+    The defaults put the edges on JPEG's 16-pixel blocks, so a JPEG keeps each quadrant's colour within a level or two.
+    """
+    out = np.empty((height, width, 3), dtype=np.uint8)
+    top, left = height // 2, width // 2
+    out[:top, :left], out[:top, left:], out[top:, :left], out[top:, left:] = colours
+    return out
+
+
+class SleepyTransform:
+    """``transform`` after sleeping ``seconds``: a known delay in the transform stage of every sample (picklable for spawn workers)."""
+
+    def __init__(self, transform: Callable[[Any], Any], seconds: float) -> None:
+        self.transform, self.seconds = transform, seconds
+
+    def __call__(self, image: Any) -> Any:
+        time.sleep(self.seconds)
+        return self.transform(image)

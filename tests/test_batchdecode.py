@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 
+import cv2
 import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from imagegen import encode, make_image, photo
+from imagegen import JPEG_MAX_ERROR, JPEG_MEAN_ERROR, encode, make_image, photo, quadrants
 from lightning.pytorch.trainer.connectors import data_connector
+from PIL import Image
 from torch.utils.data import DataLoader
-from torchcodec.decoders import decode_jpeg
 from torchvision.transforms import v2
 
 from lightning_lmdb import LMDBDataModule, LMDBImageDataset, RawImageDataset, build_lmdb
@@ -24,8 +26,6 @@ from lightning_lmdb.transforms import ResizedCrop, eval_transform, finish_batch,
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """JPEG photos (some grey, one CMYK, one EXIF-rotated) and PNGs in two classes, and their database."""
-    from PIL import Image
-
     root = tmp_path_factory.mktemp("mixed")
     rng = np.random.default_rng(0)
     exif = Image.Exif()
@@ -91,6 +91,15 @@ def test_deferred_records_are_the_colour_and_grey_jpegs_only(mixed: tuple[Path, 
         LMDBImageDataset(db, v2.ToImage()).set_decoding(defer_jpeg=True)
 
 
+def opencv_crop(data: bytes, params: tuple[int, int, int, int, int], size: int) -> torch.Tensor:
+    """The reference of one deferred sample, by other means: OpenCV's decode (BGR to RGB), a numpy slice, torchvision's resize, a flip."""
+    rgb = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    top, left, h, w, flip = params
+    crop = torch.from_numpy(np.ascontiguousarray(rgb[top : top + h, left : left + w])).permute(2, 0, 1)
+    out = v2.functional.resize(crop, [size, size], antialias=True)
+    return out.flip(-1) if flip else out
+
+
 def test_a_mixed_batch_decodes_on_the_cpu_as_each_sample_would(mixed: tuple[Path, Path]) -> None:
     source, db = mixed
     crop = train_transform(32)
@@ -101,13 +110,67 @@ def test_a_mixed_batch_decodes_on_the_cpu_as_each_sample_would(mixed: tuple[Path
     assert isinstance(images, DeferredImages) and len(images) == 16 and targets.tolist() == dataset.targets
     batch = images.pin_memory().decode("cpu") if torch.cuda.is_available() else images.decode("cpu")
     assert batch.shape == (16, 3, 32, 32) and batch.dtype == torch.uint8
+    deferred = 0
     for i, (image, _) in enumerate(samples):
-        if isinstance(image, Deferred):  # the reference: this sample's own bytes and crop
-            expected = crop.apply(decode_jpeg(image.data, mode="RGB"), image.params)
-        else:
-            expected = image
-        torch.testing.assert_close(batch[i], expected, msg=f"sample {i}")
+        if not isinstance(image, Deferred):  # decoded in the worker: placed as it is
+            torch.testing.assert_close(batch[i], image, msg=f"sample {i}")
+            continue
+        deferred += 1
+        data = (source / dataset.paths[i]).read_bytes()
+        assert bytes(image.data.numpy()) == data, "the record's own bytes"
+        with Image.open(io.BytesIO(data)) as img:  # the crop lies inside the image's real size (not only its parsed header's)
+            width, height = img.size
+        top, left, h, w, flip = image.params
+        assert 0 <= top and top + h <= height and 0 <= left and left + w <= width and flip in (0, 1), (i, image.params)
+        error = (batch[i].int() - opencv_crop(data, image.params, 32).int()).abs()
+        assert error.float().mean() < JPEG_MEAN_ERROR and error.max() <= JPEG_MAX_ERROR, (i, error.float().mean(), error.max())
+    assert deferred == 10, "the colour and grey JPEGs: 16 images less 4 PNGs, the CMYK and the EXIF-rotated one"
     assert Collate(crop)([(torch.zeros(3, 32, 32, dtype=torch.uint8), 1)] * 2)[0].shape == (2, 3, 32, 32), "plain batches: default"
+
+
+#: Top left, top right, bottom left, bottom right colours of the :func:`quadrants` JPEG (96 x 64).
+COLOURS = np.array([[200, 30, 30], [30, 200, 30], [30, 30, 200], [230, 230, 230]], dtype=np.uint8)
+
+
+def quadrant_colours(params: tuple[int, int, int, int, int], size: int, width: int = 96, height: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Where each output pixel of a crop of the quadrants image samples from, worked out from the geometry alone.
+
+    Returns:
+        (the quadrant colour of each output pixel, ``size x size x 3``; whether it lies far enough from both edges
+        between quadrants that neither the resize filter nor JPEG blends colours there).
+    """
+    top, left, h, w, flip = params
+    ys = top + (np.arange(size) + 0.5) * h / size  # the source point each output row and column samples
+    xs = left + (np.arange(size) + 0.5) * w / size
+    if flip:
+        xs = xs[::-1]
+    quadrant = 2 * (ys[:, None] >= height / 2) + (xs[None, :] >= width / 2)
+    margin = max(h / size, w / size, 1.0) + 2.0  # the resize filter's reach in source pixels, and JPEG's
+    clear = (np.abs(ys - height / 2)[:, None] > margin) & (np.abs(xs - width / 2)[None, :] > margin)
+    return COLOURS[quadrant], clear
+
+
+def test_batched_decode_puts_each_crop_where_its_params_say() -> None:
+    data = encode(Image.fromarray(quadrants(COLOURS)), "JPEG", quality=95)
+    crop = train_transform(16)
+    torch.manual_seed(0)
+    params = [(0, 0, 32, 48, 0), (32, 48, 32, 48, 0), (0, 24, 32, 48, 0), (0, 24, 32, 48, 1), (16, 0, 32, 48, 0),
+              *(crop.params(64, 96) for _ in range(8))]
+    jpeg = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    samples: list[tuple[object, int]] = [(Deferred(jpeg, p), i) for i, p in enumerate(params)]
+    black = torch.zeros(3, 16, 16, dtype=torch.uint8)
+    samples.insert(2, (black, -1))  # decoded in a worker, between deferred ones
+    batch = Collate(crop)(samples)[0].decode("cpu")
+    assert batch.shape == (len(samples), 3, 16, 16)
+    assert torch.equal(batch[2], black), "a worker-decoded image keeps its place"
+    for i, (sample, _) in enumerate(samples):
+        if i == 2:
+            continue
+        expected, clear = quadrant_colours(sample.params, 16)
+        got = batch[i].permute(1, 2, 0).numpy().astype(np.int16)
+        assert clear.sum() > 0, sample.params
+        error = np.abs(got - expected)[clear]
+        assert error.max() <= 8, (i, sample.params, error.max())
 
 
 def test_defer_leaves_non_jpegs_and_bombs_to_the_cpu() -> None:
@@ -175,7 +238,7 @@ def test_deferred_batches_through_worker_processes(mixed: tuple[Path, Path]) -> 
     source, db = mixed
     crop = eval_transform(32)
     dataset = LMDBImageDataset(db, crop).set_decoding("auto", 36, defer_jpeg=True)
-    reference = LMDBImageDataset(db, crop, decoder="torchcodec")
+    reference = LMDBImageDataset(db, crop, decoder="pil")  # ImageFolder's decode: another library than the batched path's
     loader = DataLoader(dataset, batch_size=5, num_workers=2, collate_fn=Collate(crop), multiprocessing_context="spawn")
     batches = [images.decode("cpu") if isinstance(images, DeferredImages) else images for images, _ in loader]
     got = torch.cat(batches)

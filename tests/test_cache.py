@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ci import require
 
 from lightning_lmdb.cache import evict, evict_tree, resident_fraction
 
@@ -28,17 +29,21 @@ def _honours_fadvise(folder: Path) -> bool:
 
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Iterator[Path]:
-    """A folder on a filesystem that honours POSIX_FADV_DONTNEED: tmp_path, else one beside the tests."""
+    """A folder on a filesystem that honours POSIX_FADV_DONTNEED: tmp_path, else one beside the tests (the checkout's disk).
+
+    Neither: a skip with the reason here, a failure on CI (its checkout is on an ordinary disk, which honours it).
+    """
     if _honours_fadvise(tmp_path):
         yield tmp_path
-        return
-    fallback = Path(tempfile.mkdtemp(prefix=".cache-test-", dir=Path(__file__).parent))
-    try:
-        if not _honours_fadvise(fallback):
-            pytest.skip(f"Neither {tmp_path} nor {fallback} honours posix_fadvise(DONTNEED) (tmpfs or a network filesystem?).")
-        yield fallback
-    finally:
-        shutil.rmtree(fallback, ignore_errors=True)
+    else:
+        fallback = Path(tempfile.mkdtemp(prefix=".cache-test-", dir=Path(__file__).parent))
+        try:
+            require(_honours_fadvise(fallback),
+                    f"Neither {tmp_path} nor {fallback} honours posix_fadvise(DONTNEED) (tmpfs or a network filesystem?): "
+                    "run the tests from a checkout on a local disk.")
+            yield fallback
+        finally:
+            shutil.rmtree(fallback, ignore_errors=True)
 
 
 def test_evict_then_read_back(cache_dir: Path) -> None:
@@ -91,3 +96,29 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
         evict_tree(tmp_path / "f")
     (tmp_path / "empty").write_bytes(b"")
     assert resident_fraction(tmp_path / "empty") == 0.0
+
+
+def test_a_missing_prerequisite_skips_here_and_fails_on_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ci
+
+    ci.require(True, "never seen")
+    monkeypatch.setattr(ci, "ON_CI", False)
+    with pytest.raises(pytest.skip.Exception, match="no disk"):
+        ci.require(False, "no disk")
+    monkeypatch.setattr(ci, "ON_CI", True)
+    with pytest.raises(pytest.fail.Exception, match="CI=true, but a prerequisite is missing .*: no disk"):
+        ci.require(False, "no disk")
+
+
+def test_cache_dir_fails_on_ci_where_nothing_honours_eviction(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import ci
+
+    monkeypatch.setattr(ci, "ON_CI", True)
+    monkeypatch.setattr(f"{__name__}._honours_fadvise", lambda folder: False)
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kwargs: made.append(mkdtemp(**kwargs)) or made[-1])
+    fixture = cache_dir.__wrapped__(tmp_path)  # the fixture's own function
+    with pytest.raises(pytest.fail.Exception, match="honours posix_fadvise"):
+        next(fixture)
+    assert len(made) == 1 and not Path(made[0]).exists(), "its fallback folder is removed"

@@ -7,7 +7,18 @@ import io
 import numpy as np
 import pytest
 import torch
-from imagegen import bomb_png, encode, image_cases, make_image, photo, truncated_jpeg
+from imagegen import (
+    JPEG_MAX_ERROR,
+    JPEG_MEAN_ERROR,
+    KNOWN_SIZE,
+    bomb_png,
+    encode,
+    image_cases,
+    known_images,
+    make_image,
+    photo,
+    truncated_jpeg,
+)
 from PIL import Image
 
 from lightning_lmdb.decoders import DECODERS, ImageDecodeError, choose, decode, reduction
@@ -15,6 +26,8 @@ from lightning_lmdb.imageinfo import read_info
 from lightning_lmdb.transforms import eval_transform
 
 CASES = image_cases()
+#: Images whose RGB pixels are known from how they were made (tests/imagegen.py).
+KNOWN = known_images()
 TENSOR_DECODERS = ("torchcodec", "opencv", "auto")
 #: The parity policy's exact cases: 8-bit PNG in every mode and WebP, equal to PIL with every tensor decoder.
 EXACT = [name for name in CASES if name.startswith(("png", "webp")) and name != "png I;16"]
@@ -30,6 +43,24 @@ def pil_pixels(data: bytes) -> np.ndarray:
 def hwc(image: torch.Tensor) -> np.ndarray:
     assert image.dtype == torch.uint8 and image.ndim == 3 and image.shape[0] == 3
     return image.permute(1, 2, 0).numpy()
+
+
+def rgb_pixels(image: Image.Image | torch.Tensor) -> np.ndarray:
+    """``H x W x 3`` of a decoder's output: an RGB PIL image (``"pil"``) or a ``uint8`` ``3 x H x W`` tensor."""
+    if isinstance(image, Image.Image):
+        assert image.mode == "RGB"
+        return np.asarray(image)
+    assert isinstance(image, torch.Tensor)
+    return hwc(image)
+
+
+def opencv_rgb(data: bytes) -> np.ndarray:
+    """OpenCV's own decode, BGR converted to RGB (EXIF orientation ignored, as ImageFolder does): a reference independent of PIL."""
+    import cv2
+
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    assert bgr is not None and bgr.ndim == 3 and bgr.shape[2] == 3
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -62,14 +93,33 @@ def test_header_parser_never_raises_on_damaged_input() -> None:
     assert read_info(b"").format == "other" and read_info(rng.bytes(100)).format == "other"
 
 
-def test_pil_decoder_is_imagefolder_and_tensor_decoders_return_uint8_chw() -> None:
-    for name, data in CASES.items():
-        image = decode(data, "pil")
-        assert isinstance(image, Image.Image) and image.mode == "RGB"
-        np.testing.assert_array_equal(np.asarray(image), pil_pixels(data), err_msg=name)
-        for decoder in TENSOR_DECODERS:
-            tensor = decode(data, decoder)
-            assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.uint8 and tensor.shape[0] == 3, (name, decoder)
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("name", sorted(KNOWN))
+def test_every_decoder_gives_the_known_rgb_pixels(decoder: str, name: str) -> None:
+    # the expectation is the content the image was made from (numpy), not another decoder's output
+    case = KNOWN[name]
+    got = rgb_pixels(decode(case.data, decoder))
+    assert got.shape == (KNOWN_SIZE[1], KNOWN_SIZE[0], 3), (decoder, name)
+    if case.lossless:
+        np.testing.assert_array_equal(got, case.rgb, err_msg=f"{decoder} {name}")
+    else:
+        error = np.abs(got.astype(np.int16) - case.rgb)
+        assert error.mean() < JPEG_MEAN_ERROR and error.max() <= JPEG_MAX_ERROR, (decoder, name, error.mean(), error.max())
+
+
+@pytest.mark.parametrize("name", [name for name in sorted(CASES) if name != "png I;16"])
+def test_pil_decoder_agrees_with_opencv(name: str) -> None:
+    # every format and mode of random content, against another library; 16-bit differs by design (the test below)
+    data = CASES[name]
+    image = decode(data, "pil")
+    assert isinstance(image, Image.Image) and image.mode == "RGB"
+    got, reference = np.asarray(image).astype(np.int16), opencv_rgb(data).astype(np.int16)
+    assert got.shape == reference.shape, name
+    if name.startswith(("jpeg", "webp lossy")):  # decoders may differ by rounding (CMYK: OpenCV's is 1 off everywhere)
+        error = np.abs(got - reference)
+        assert error.mean() < JPEG_MEAN_ERROR and error.max() <= JPEG_MAX_ERROR, (name, error.mean(), error.max())
+    else:
+        np.testing.assert_array_equal(got, reference, err_msg=name)
 
 
 @pytest.mark.parametrize("decoder", TENSOR_DECODERS)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from imagegen import make_jpegs
+from imagegen import SleepyTransform, make_jpegs
 from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 
+from lightning_lmdb import dataset as dataset_module
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
 from lightning_lmdb.experiment.callbacks import PerfMonitor, cpu_ticks, loader_stats_of, usable_cpus
 from lightning_lmdb.experiment.toy_model import NoOpModel
@@ -20,6 +23,8 @@ from lightning_lmdb.transforms import eval_transform
 from lightning_lmdb.writer import build_lmdb
 
 IMAGES, BATCH = 48, 8
+#: The known delay the fits' transform adds to every sample: the loader's transform time per sample is at least this.
+TRANSFORM_SLEEP_S = 0.005
 LOADER_TIMES = ("loader_read_ms", "loader_decode_ms", "loader_transform_ms")
 LOADER_KEYS = (*LOADER_TIMES, "loader_samples", "loader_workers", "worker_cpu_s", "worker_cpu_frac")
 
@@ -32,7 +37,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _dataset(data: tuple[Path, Path]) -> LMDBImageDataset:
-    return LMDBImageDataset(data[1], transform=eval_transform(16))
+    return LMDBImageDataset(data[1], transform=SleepyTransform(eval_transform(16), TRANSFORM_SLEEP_S))
 
 
 def _fit(train: DataLoader, epochs: int = 1, val: DataLoader | None = None) -> PerfMonitor:
@@ -47,7 +52,9 @@ def _fit(train: DataLoader, epochs: int = 1, val: DataLoader | None = None) -> P
 
 def _check_measured(record: dict, workers: int) -> None:
     assert record["loader_samples"] == record["samples"] == IMAGES, record
-    assert all(record[key] > 0 for key in LOADER_TIMES), record
+    # the transform sleeps a known time per sample: booked there, per sample, whatever the load (a lower bound)
+    assert record["loader_transform_ms"] >= 1e3 * TRANSFORM_SLEEP_S, record
+    assert record["loader_read_ms"] > 0 and record["loader_decode_ms"] > 0, record
     assert record["loader_workers"] == workers
     if workers:
         assert record["worker_cpu_s"] > 0 and record["worker_cpu_frac"] > 0
@@ -96,7 +103,61 @@ def test_noop_model_leaves_the_cpu_to_the_loader_while_it_trains() -> None:
 # --- the dataset side ----------------------------------------------------------------------------------
 
 
-def test_datasets_time_each_sample_and_pickle_without_stats(data) -> None:
+STAGE_SLEEP_S, STAGE_SAMPLES = 0.05, 5
+#: Where each stage's known delay goes: (module attribute of lightning_lmdb.dataset for LMDB, for raw files).
+STAGE_CALLS = {"read": ("touch_pages", "read_file"), "decode": ("decode_record", "decode")}
+
+
+def _slowed(function: Callable[..., Any]) -> Callable[..., Any]:
+    def slowed(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(STAGE_SLEEP_S)
+        return function(*args, **kwargs)
+
+    return slowed
+
+
+@pytest.mark.parametrize("stage", ["read", "decode", "transform"])
+@pytest.mark.parametrize("kind", ["lmdb", "raw"])
+def test_each_stage_books_its_own_time(data, monkeypatch: pytest.MonkeyPatch, kind: str, stage: str) -> None:
+    source, database = data
+    transform = SleepyTransform(eval_transform(16), STAGE_SLEEP_S) if stage == "transform" else eval_transform(16)
+    dataset = LMDBImageDataset(database, transform=transform) if kind == "lmdb" else RawImageDataset(source, transform=transform)
+    if stage in STAGE_CALLS:
+        name = STAGE_CALLS[stage][kind == "raw"]
+        monkeypatch.setattr(dataset_module, name, _slowed(getattr(dataset_module, name)))
+    dataset[0]  # opening the database, first imports: outside the period
+    LoaderStats.next_period()
+    for i in range(STAGE_SAMPLES):
+        dataset[i]
+    (load,) = dataset.loader_stats.processes()
+    assert load.slot == 0 and load.samples == STAGE_SAMPLES
+    booked = {"read": load.read_s, "decode": load.decode_s, "transform": load.transform_s}
+    injected = STAGE_SAMPLES * STAGE_SLEEP_S
+    assert booked[stage] >= injected, f"{stage} slept {injected} s in all, booked: {booked}"
+    # the others did a few tiny samples' work, far less than the sleep: time booked in two stages, or in the wrong one, shows
+    assert all(seconds < injected for other, seconds in booked.items() if other != stage), booked
+
+
+def test_cpu_time_is_the_processes_own(data) -> None:
+    class Spin:
+        """Burns ``seconds`` of this process's CPU time per sample (a lower bound on its CPU time, whatever the load)."""
+
+        def __call__(self, image: Any) -> Any:
+            end = time.process_time() + STAGE_SLEEP_S
+            while time.process_time() < end:
+                pass
+            return eval_transform(16)(image)
+
+    dataset = LMDBImageDataset(data[1], transform=Spin())
+    dataset[0]
+    LoaderStats.next_period()
+    for i in range(STAGE_SAMPLES):
+        dataset[i]
+    (load,) = dataset.loader_stats.processes()
+    assert load.cpu_s >= STAGE_SAMPLES * STAGE_SLEEP_S and load.transform_s >= STAGE_SAMPLES * STAGE_SLEEP_S, load
+
+
+def test_datasets_pickle_without_stats_and_periods_start_empty(data) -> None:
     source, database = data
     for dataset in (LMDBImageDataset(database, transform=eval_transform(16)), RawImageDataset(source, transform=eval_transform(16))):
         stats = dataset.loader_stats
@@ -106,7 +167,6 @@ def test_datasets_time_each_sample_and_pickle_without_stats(data) -> None:
             dataset[i]
         (load,) = stats.processes()
         assert load.slot == 0 and load.samples == 5
-        assert load.read_s > 0 and load.decode_s > 0 and load.transform_s > 0 and load.cpu_s > 0
         LoaderStats.next_period()
         assert stats.processes() == []  # a new period starts empty
         # each view has its own stats; a plain pickle leaves them out (it stays compact)
@@ -175,7 +235,7 @@ def test_datamodule_with_persistent_workers_and_validation(data, tmp_path) -> No
     from lightning_lmdb.datamodule import LMDBDataModule
 
     dm = LMDBDataModule(data[0], val_fraction=0.25, cache_dir=tmp_path, build_workers=0, image_size=16, batch_size=BATCH,
-                        num_workers=2, persistent_workers=True)
+                        num_workers=2, persistent_workers=True, train_transform=SleepyTransform(eval_transform(16), TRANSFORM_SLEEP_S))
     monitor = PerfMonitor(verbose=False)
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, callbacks=[monitor], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -183,7 +243,7 @@ def test_datamodule_with_persistent_workers_and_validation(data, tmp_path) -> No
     for record in monitor.history:
         assert record["loader_samples"] == record["samples"] == IMAGES - round(IMAGES * 0.25), record
         assert record["loader_workers"] == 2 and record["worker_cpu_s"] > 0
-        assert all(record[key] > 0 for key in LOADER_TIMES)
+        assert record["loader_transform_ms"] >= 1e3 * TRANSFORM_SLEEP_S, record
 
 
 def test_validation_on_the_same_dataset_is_not_counted(data) -> None:
