@@ -11,8 +11,10 @@ import os
 
 import pytest
 
-#: Whether the tests run on CI (``CI=true``, as GitHub Actions, GitLab and ``.ci/run`` set it).
-ON_CI = os.environ.get("CI", "").lower() == "true"
+
+def on_ci() -> bool:
+    """Whether the tests run on CI: ``CI`` set to anything but empty, ``0``, ``false`` or ``no`` (``.ci/run``, GitHub Actions, GitLab)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def require(ok: bool, reason: str) -> None:
@@ -24,6 +26,6 @@ def require(ok: bool, reason: str) -> None:
     """
     if ok:
         return
-    if ON_CI:
-        pytest.fail(f"CI=true, but a prerequisite is missing (this test would be skipped elsewhere): {reason}")
+    if on_ci():
+        pytest.fail(f"CI={os.environ.get('CI')!r}, but a prerequisite is missing (elsewhere this test skips): {reason}", pytrace=False)
     pytest.skip(reason)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ci import require
 from imagegen import make_folder, make_jpegs
 
 from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, netfs
@@ -37,10 +38,7 @@ def needs_fuse(test: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(test)
     def run(*args: object, **kwargs: object) -> None:
-        if UNAVAILABLE is not None:
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(f"CI=true but FUSE is unavailable, so the latency mount is untested: {UNAVAILABLE}")
-            pytest.skip(f"FUSE unavailable here: {UNAVAILABLE}")
+        require(UNAVAILABLE is None, f"FUSE unavailable here, so the latency mount is untested: {UNAVAILABLE}")
         test(*args, **kwargs)
 
     return run

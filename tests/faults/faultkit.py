@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
+from ci import require
 from imagegen import read_records
 
 
@@ -208,22 +208,11 @@ def leftovers(target: Path) -> list[str]:
     return sorted(p.name for p in target.parent.glob(target.name + ".partial*"))
 
 
-def on_ci() -> bool:
-    """Whether this runs on CI: ``CI`` set to anything but empty, ``0``, ``false`` or ``no`` (as ``tests/test_staging_faults.py``)."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def missing_prerequisite(reason: str, fix: str) -> None:
     """Skip the test because of ``reason`` (a prerequisite is missing) -- but fail it on CI, whose ``.ci/run`` provides it.
 
     Args:
         reason: What is missing, e.g. ``"mounting a small tmpfs needs root"``.
         fix: What the CI job must provide, e.g. ``"run the job as root"``.
-
-    Raises:
-        pytest.fail.Exception: On CI (see :func:`on_ci`): a skip there would hide that the test never ran.
-        pytest.skip.Exception: Elsewhere.
     """
-    if on_ci():
-        pytest.fail(f"{reason}; on CI (CI={os.environ['CI']!r}) this test must run, not skip: {fix}", pytrace=False)
-    pytest.skip(reason)
+    require(False, f"{reason}; on CI this test must run, not skip: {fix}")
