@@ -1,4 +1,7 @@
-"""Block shuffle: the sampler's order (exactly-once over the ranks, as DistributedSampler), block reads, the DataModule's choice."""
+"""Block shuffle: the sampler's order (exactly-once over the ranks, as DistributedSampler), block reads, the DataModule's choice.
+
+Under 2-rank DDP, through the Trainer, and resumed mid-epoch: ``tests/test_resume.py``'s DDP test fits the DataModule block-shuffled.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ import json
 import mmap
 import os
 import pickle
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -392,49 +393,3 @@ def test_datamodule_chooses_block_shuffle_when_the_data_does_not_fit(tmp_path: P
     with pytest.raises(ValueError, match="shuffle='blocks' is not one of True, False, 'block', None"):
         LMDBDataModule(source, shuffle="blocks", **common)
 
-
-@pytest.mark.slow
-def test_ddp_block_shuffle_sees_each_sample_once_per_epoch(tmp_path: Path) -> None:
-    """The sampler is the same for both backends (the raw backend's block order is checked in one process above)."""
-    source = make_jpegs(tmp_path / "src", 40, size=16, classes=3)
-    out = tmp_path / "seen"
-    out.mkdir()
-    script = Path(__file__).parent / "scripts" / "ddp_epoch_coverage.py"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, str(script), str(source), str(tmp_path / "cache"), str(out), "lmdb", "block"],
-                            capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    train_size = 36  # the default val_fraction holds 4 of the 40 out
-    for epoch in range(2):
-        ranks = [json.loads((out / f"rank{r}_epoch{epoch}.json").read_text()) for r in range(2)]
-        assert sorted(ranks[0] + ranks[1]) == list(range(train_size)), f"epoch {epoch}: every sample exactly once over the 2 ranks"
-        for rank in range(2):  # 18 blocks of 2 records: a window of 16 blocks, then 2; each rank a contiguous half
-            expected = ResumableSampler(list(range(train_size)), shuffle="block", block_size=2, seed=0, num_replicas=2, rank=rank)
-            expected.set_epoch(epoch)
-            assert ranks[rank] == list(expected), f"epoch {epoch}, rank {rank}: the block order, not an interleaved or substituted one"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("num_workers", "stop_after"), [(0, 3), (2, 11)], ids=["w0-epoch1", "w2-epoch2"])
-def test_block_shuffle_resumed_mid_epoch_sees_exactly_the_remaining_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                             num_workers: int, stop_after: int) -> None:
-    from test_resume import SAMPLES, PreemptAfter, Recorder, _fit, identity, make_identified_images
-
-    source = make_identified_images(tmp_path / "src")
-    make = lambda: LMDBDataModule(source, cache_dir=tmp_path / "cache", batch_size=4, num_workers=num_workers, val_fraction=0,  # noqa: E731
-                                  persistent_workers=False, train_transform=identity, build_workers=0, split_seed=5, shuffle="block")
-    first_dm = make()
-    first_dm.prepare_data()
-    file_bytes = os.stat(first_dm.database_path("train")).st_size
-    monkeypatch.setattr(blockread, "BLOCK_BYTES", file_bytes * 4 // SAMPLES)  # blocks of 4 of the 30 records: 8 blocks
-    full = _fit(make(), Recorder(), 2)
-    identities = [int(Path(p).stem.split("_")[1]) for p in LMDBImageDataset(first_dm.database_path("train")).paths]  # by record
-    expected = ResumableSampler(list(range(SAMPLES)), shuffle="block", block_size=4, seed=5)
-    for epoch in range(2):
-        expected.set_epoch(epoch)
-        assert sum(full[epoch * 8:(epoch + 1) * 8], []) == [identities[r] for r in expected], f"epoch {epoch}: blocks of 4 records"
-    ckpt = tmp_path / "preempted.ckpt"
-    first = _fit(make(), Recorder(), 2, [PreemptAfter(stop_after, ckpt)])
-    assert len(first) == stop_after and ckpt.exists()
-    second = _fit(make(), Recorder(), 2, ckpt_path=ckpt)
-    assert first + second == full, "the resumed run continues with exactly the samples that were next"

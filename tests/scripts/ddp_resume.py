@@ -1,6 +1,7 @@
 """Run by tests/test_resume.py: 2-process CPU DDP (gloo) fit, optionally preempted after k batches or resumed.
 
-Usage: python ddp_resume.py SOURCE CACHE_DIR OUT_DIR CKPT_DIR [--stop-after K | --resume] [--workers N]
+Usage: python ddp_resume.py SOURCE CACHE_DIR OUT_DIR CKPT_DIR [--stop-after K | --resume] [--workers N] [--block-bytes B]
+--block-bytes: a block shuffle over blocks of about B bytes (``blockread.BLOCK_BYTES``, set in every rank).
 Writes OUT_DIR/rank{r}.json: the identities of every training batch that rank saw.
 """
 
@@ -14,9 +15,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_resume import BATCH, PreemptAfter, Preempted, Recorder, identity  # noqa: E402
+from test_resume import BATCH, SEED, PreemptAfter, Preempted, Recorder, identity  # noqa: E402
 
-from lightning_lmdb import LMDBDataModule  # noqa: E402
+from lightning_lmdb import LMDBDataModule, blockread  # noqa: E402
 
 
 class Writer(pl.Callback):
@@ -43,13 +44,16 @@ def main() -> None:
     parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--block-bytes", type=int, default=None)
     args = parser.parse_args()
+    if args.block_bytes:
+        blockread.BLOCK_BYTES = args.block_bytes
     ckpt = Path(args.ckpt_dir) / "preempted.ckpt"
     callbacks: list[pl.Callback] = [Writer(Path(args.out))]
     if args.stop_after:
         callbacks.append(PreemptAfter(args.stop_after, ckpt))  # after the Writer: the last batch is recorded
     dm = LMDBDataModule(args.source, cache_dir=args.cache, batch_size=BATCH, num_workers=args.workers, train_transform=identity,
-                        val_fraction=0, build_workers=0, split_seed=5)
+                        val_fraction=0, build_workers=0, split_seed=SEED, shuffle="block" if args.block_bytes else None)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=callbacks)
     try:
