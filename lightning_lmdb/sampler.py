@@ -174,6 +174,13 @@ class ResumableSampler(DistributedSampler):
         return order[self.rank * self.num_samples:(self.rank + 1) * self.num_samples]
 
 
+def _at_epoch_boundary(state: dict[str, Any]) -> bool:
+    """Whether a saved position took none or all of its rank's share of the epoch (as ``DistributedSampler`` sizes it)."""
+    consumed, size, replicas = int(state["consumed"]), int(state["dataset_size"]), int(state["world_size"])
+    share = size // replicas if state["drop_last"] else -(-size // replicas)
+    return consumed == 0 or consumed >= share
+
+
 class ResumableDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ResumableSampler` that saves and restores its position in the epoch.
 
@@ -230,12 +237,18 @@ class ResumableDataLoader(DataLoader):
         (a checkpoint of an older version) or restored onto a dataset without one (e.g. the raw backend) cannot
         be checked: it is applied as before, with a warning.
 
+        A position at an epoch boundary (none or all of the epoch's share consumed) applies under any settings:
+        no sample of that epoch is left to define.
+
         Raises:
-            ValueError: The position was saved with another world size, dataset size, batch size, seed,
+            ValueError: The position was saved mid-epoch with another world size, dataset size, batch size, seed,
                 shuffle, drop_last, (block shuffle) block size or window, or on another build of the database (named),
                 so "the samples that were next" are not defined here.
         """
         sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
+        if _at_epoch_boundary(state):  # nothing of that epoch left (or none taken): any split may follow
+            sampler.resume(int(state["epoch"]), sampler.num_samples if int(state["consumed"]) else 0)
+            return
         here = self.state_dict()
         keys = (*_MUST_MATCH, *(k for k in _MUST_MATCH_IF_SAVED if k in state or k in here))
         differ = [f"{key}={state.get(key)!r} then, {here.get(key)!r} now" for key in keys if state.get(key) != here.get(key)]

@@ -214,6 +214,16 @@ def test_resume_of_a_fit_with_another_batch_size_is_refused_before_training(tmp_
     assert model.seen == [], "nothing trained on another split"
 
 
+def test_a_checkpoint_at_the_end_of_an_epoch_resumes_with_another_batch_size(tmp_path: Path) -> None:
+    source = make_identified_images(tmp_path / "src")
+    ckpt = tmp_path / "epoch_end.ckpt"
+    _fit(_datamodule(source, tmp_path / "cache"), Recorder(), 2, [PreemptAfter(-(-SAMPLES // 4), ckpt)])  # all of epoch 0
+    model = Recorder()
+    seen = _fit(_datamodule(source, tmp_path / "cache", batch_size=5), model, 2, ckpt_path=ckpt)
+    assert [len(batch) for batch in seen] == [5] * (SAMPLES // 5), "epoch 1 whole, in batches of the new size; epoch 0 not repeated"
+    assert sorted(i for batch in seen for i in batch) == list(range(SAMPLES))
+
+
 def test_sampler_order_is_a_pure_function_and_resume_skips_consumed() -> None:
     data = list(range(23))
     a = ResumableSampler(data, seed=3, num_replicas=2, rank=1)
