@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -16,10 +21,11 @@ from hydra.utils import instantiate
 from imagegen import make_jpegs
 from omegaconf import OmegaConf
 
-from lightning_lmdb import LMDBDataModule
+from lightning_lmdb import LMDBDataModule, shards
+from lightning_lmdb import datamodule as dm_module
 from lightning_lmdb.datamodule import DEFAULT_VAL_FRACTION
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, open_environments
-from lightning_lmdb.transforms import eval_transform
+from lightning_lmdb.transforms import ResizedCrop, eval_transform
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -92,47 +98,148 @@ def test_loader_settings(tmp_path: Path) -> None:
         dm.test_dataloader()
     with pytest.raises(ValueError, match="backend='nfs'"):
         LMDBDataModule(source, backend="nfs")
-    # shared storage still prepares on every node: each node builds its own part (tests/test_shards.py)
+    # shared storage still prepares on every node: each node builds its own part (the shared_filesystem tests below)
     assert LMDBDataModule(source, shared_filesystem=True).prepare_data_per_node is True
 
 
+def _listing(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file of ``folder`` with its inode, size and modification time: what a rebuild or a write would change."""
+    return {p.name: (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def test_shared_filesystem_without_shards_node_zero_builds_the_file_and_node_one_reads_it(tmp_path: Path,
+                                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes' local rank 0 call ``prepare_data`` on one shared ``cache_dir``, as Lightning does with ``prepare_data_per_node``.
+
+    Each module gets the node rank of a 2-node job the way Lightning gives it (``trainer.node_rank``, ``trainer.num_nodes``).
+    """
+    source = make_jpegs(tmp_path / "src", 12, size=16)
+    shared = tmp_path / "shared-cache"
+    settings = dict(cache_dir=shared, shared_filesystem=True, build_workers=0, num_workers=0, batch_size=4, val_fraction=0.25,
+                    shuffle=False, train_transform=eval_transform(8), eval_transform=eval_transform(8))
+    nodes = [LMDBDataModule(source, **settings) for _ in range(2)]
+    built: list[int] = []  # the node of each build_lmdb call
+    calling = threading.local()
+    build_lmdb = dm_module.build_lmdb
+
+    def recording_build_lmdb(source, target, options):
+        built.append(calling.node)
+        return build_lmdb(source, target, options)
+
+    monkeypatch.setattr(dm_module, "build_lmdb", recording_build_lmdb)
+    for rank, dm in enumerate(nodes):
+        dm.trainer = SimpleNamespace(node_rank=rank, num_nodes=2)
+    database = nodes[0].database_path("train")
+    assert nodes[1].database_path("train") == database, "both nodes name the same database"
+
+    def prepare(rank: int) -> None:
+        calling.node = rank
+        nodes[rank].prepare_data()
+
+    prepare(1)  # node 1 alone (node 0 not started yet): it builds nothing and writes nothing; it waits at Lightning's barrier
+    assert built == [] and not database.exists() and (not shared.exists() or not any(shared.iterdir()))
+    threads = [threading.Thread(target=prepare, args=(rank,)) for rank in (1, 0)]  # both nodes at once
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert built == [0], "node 0 builds the one file, node 1 never"
+    assert database.is_file() and [p.name for p in shared.glob("*.lmdb")] == [database.name]
+    before = _listing(shared)
+    for rank in (1, 0):  # a node that prepares again (a restart) keeps the database as it is
+        prepare(rank)
+    assert built == [0, 0] and _listing(shared) == before, "the database was rebuilt or written to"
+
+    batches = []
+    for dm in nodes:
+        dm.trainer = None  # setup as after Lightning's barrier, outside a job
+        dm.setup("fit")
+        assert dm.datasets["train"].path == str(database)
+        batches.append([batch for split in ("train", "val") for batch in getattr(dm, f"{split}_dataloader")()])
+    assert len(batches[0]) == len(batches[1]) == 3 + 1
+    for (x0, y0), (x1, y1) in zip(*batches, strict=True):
+        assert torch.equal(x0, x1) and torch.equal(y0, y1), "both nodes read identical samples"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["lmdb", "raw"])
-def test_ddp_each_sample_once_per_epoch(tmp_path: Path, backend: str) -> None:
+def test_two_node_ddp_serves_each_sample_once_per_epoch_from_every_layout(tmp_path: Path) -> None:
+    """One DDP launch (two simulated nodes of one CPU process each, gloo, a shared cache) fits three DataModules in turn.
+
+    Each with ``shared_filesystem=True``, the default ``shuffle=None`` (rank 0's choice, broadcast) and a loader worker per
+    rank: one LMDB file (built by node 0 alone), a sharded database (each node builds its shards) and the raw backend.
+    """
     source = make_jpegs(tmp_path / "src", 40, size=16, classes=3)
-    out = tmp_path / "seen"
+    cache, out = tmp_path / "shared-cache", tmp_path / "out"
     out.mkdir()
-    script = Path(__file__).parent / "scripts" / "ddp_epoch_coverage.py"
-    result = subprocess.run([sys.executable, str(script), str(source), str(tmp_path / "cache"), str(out), backend],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    orders = []
-    train_size = 40 - 4  # the script gives no val_dir: the default val_fraction (0.1) holds 4 of the 40 out
-    for epoch in range(2):
-        ranks = [json.loads((out / f"rank{r}_epoch{epoch}.json").read_text()) for r in range(2)]
-        assert len(ranks[0]) == len(ranks[1]) == train_size // 2, "the distributed sampler splits the data evenly"
-        assert sorted(ranks[0] + ranks[1]) == list(range(train_size)), f"epoch {epoch}: every sample exactly once"
-        orders.append(ranks[0])
-    assert orders[0] != orders[1], "shuffling changes between epochs"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    script = Path(__file__).parent / "scripts" / "ddp_two_nodes.py"
+    procs = [subprocess.Popen([sys.executable, str(script), str(source), str(cache), str(out)], env={**env, "NODE_RANK": str(node)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    try:
+        logs = [p.communicate(timeout=280)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    runs = {case: [json.loads((out / f"{case}_node{node}.json").read_text()) for node in (0, 1)] for case in ("single", "sharded", "raw")}
+    train_size = 40 - 4  # no val_dir: the default val_fraction (0.1) holds 4 of the 40 out
+    for case, nodes in runs.items():
+        assert nodes[0]["database"] == nodes[1]["database"], f"{case}: both nodes read the same database"
+        for epoch in range(2):
+            ranks = [node["epochs"][epoch] for node in nodes]
+            assert len(ranks[0]) == len(ranks[1]) == train_size // 2, f"{case}: the distributed sampler splits the data evenly"
+            assert sorted(ranks[0] + ranks[1]) == list(range(train_size)), f"{case}, epoch {epoch}: every sample exactly once"
+        assert nodes[0]["epochs"][0] != nodes[0]["epochs"][1], f"{case}: shuffling changes between epochs"
+    single, sharded, raw = runs["single"], runs["sharded"], runs["raw"]
+    assert [node["build_lmdb"] for node in single] == [[single[0]["database"]], []], "node 0 builds the one file, node 1 none"
+    assert [node["build_shards"] for node in sharded] == [[[0, 2]], [[1, 3]]], "each node builds its shards: i % 2 == node"
+    assert [node["build_lmdb"] + node["build_shards"] for node in raw + single[1:]] == [[], [], []]
+    assert raw[0]["database"] is None
+    folder = Path(sharded[0]["database"])
+    assert (folder / "manifest.json").exists() and len(shards.database_files(folder)) == 4
+    one, many = LMDBImageDataset(single[0]["database"]), LMDBImageDataset(folder)
+    assert (one.paths, one.targets) == (many.paths, many.targets), "the nodes' shards make the samples of one file"
+    assert all(np.array_equal(np.asarray(one[i][0]), np.asarray(many[i][0])) for i in range(len(one)))
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 8 worker processes")  # loader=fast's; none is started here
 @pytest.mark.parametrize("data", ["lmdb", "raw"])
 @pytest.mark.parametrize("transforms", ["default", "eval_only"])
 @pytest.mark.parametrize("loader", ["default", "fast", "debug"])
 def test_every_data_config_composes_and_instantiates(tmp_path: Path, data: str, transforms: str, loader: str) -> None:
+    """Each combination makes the DataModule, model, transforms and loader settings it names; no worker is started.
+
+    Batches through worker processes are fitted by tests/test_train.py (``test_fast_dev_run_through_compose``).
+    """
     source = make_jpegs(tmp_path / "src", 6, size=16)
-    overrides = [f"data={data}", f"transforms={transforms}", f"loader={loader}", f"data.train_dir={source}", f"paths.data_dir={tmp_path}"]
+    overrides = [f"data={data}", f"transforms={transforms}", f"loader={loader}", f"data.train_dir={source}", f"paths.data_dir={tmp_path}",
+                 "data.build_workers=0"]
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
     dm = instantiate(cfg.data)
     assert isinstance(dm, LMDBDataModule) and dm.backend == data
     assert dm.cache_dir == tmp_path / "lmdb"
     assert dm.batch_size == cfg.data.batch_size and dm.num_workers == cfg.data.num_workers
+    size = cfg.data.image_size
+    assert dm.train_transform == ResizedCrop(size, train=transforms == "default") and dm.eval_transform == ResizedCrop(size, train=False)
+    model = instantiate(cfg.model, num_classes=dm.num_classes)
+    assert isinstance(model, pl.LightningModule) and model.hparams.num_classes == 2
     dm.prepare_data()
     dm.setup("fit")
-    images, targets = next(iter(dm.train_dataloader()))
-    assert images.shape[1:] == (3, cfg.data.image_size, cfg.data.image_size) and images.dtype == torch.uint8
-    assert dm.finish((images, targets))[0].dtype == torch.float32
+    assert isinstance(dm.datasets["train"], LMDBImageDataset if data == "lmdb" else RawImageDataset)
+    train_loader = dm.train_dataloader()  # its workers start when it is iterated
+    workers = cfg.data.num_workers > 0
+    assert (train_loader.batch_size, train_loader.num_workers, train_loader.prefetch_factor, train_loader.persistent_workers) == (
+        cfg.data.batch_size, cfg.data.num_workers, cfg.data.prefetch_factor if workers else None, workers)
+    image, target = dm.datasets["train"][0]
+    assert image.shape == (3, size, size) and image.dtype == torch.uint8 and target in (0, 1)
+    assert dm.finish((image[None], torch.tensor([target])))[0].dtype == torch.float32
 
 
 def test_lmdb_and_raw_configs_differ_only_in_backend() -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import lmdb
@@ -16,7 +14,7 @@ from imagegen import make_jpegs
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, envs, shards
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, envs, shards, writer
 from lightning_lmdb import format as fmt
 from lightning_lmdb.bench import run_read_benchmark
 from lightning_lmdb.cli import main
@@ -26,7 +24,12 @@ from lightning_lmdb.staging import stage
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
 from lightning_lmdb.writer import BuildError, build, build_lmdb
 
-SCRIPTS = Path(__file__).parent / "scripts"
+
+@pytest.fixture(autouse=True)
+def _at_most_two_build_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build with the default ``workers=None`` (one process per core) starts at most 2 processes here, on any machine."""
+    cores = writer.available_cores()
+    monkeypatch.setattr(writer, "available_cores", lambda: min(2, cores))
 
 
 def _records(path: Path) -> list[bytes]:
@@ -77,12 +80,12 @@ def test_sharded_folder_serves_the_samples_of_one_file(image_folder: Path, tmp_p
     assert build(image_folder, folder, on_error="skip", progress=False, shards=count).action == "up-to-date"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_sharded_dataset_in_worker_processes(image_folder: Path, tmp_path: Path, context: str) -> None:
+@pytest.mark.parametrize(("context", "workers"), [("fork", 2), pytest.param("spawn", 1, marks=pytest.mark.slow)])
+def test_sharded_dataset_in_worker_processes(image_folder: Path, tmp_path: Path, context: str, workers: int) -> None:
+    """Forked workers share the indices; a spawned one (slow: it imports torch) gets the dataset pickled."""
     folder = build_lmdb(image_folder, tmp_path / "db.lmdb", shards=3, progress=False)
     dataset = LMDBImageDataset(folder, decoder="opencv")
-    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
+    loader = DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=context)
     seen = [(int(image.sum()), target) for image, target in loader]
     assert seen == [(int(dataset[i][0].sum()), dataset[i][1]) for i in range(len(dataset))]
 
@@ -264,27 +267,6 @@ def test_datamodule_serves_a_sharded_database(image_folder: Path, tmp_path: Path
     staged.setup("fit")
     assert staged.datasets["train"].path.startswith(str(tmp_path / "local"))
     assert staged.datasets["train"].targets == dm.datasets["train"].targets
-
-
-@pytest.mark.slow
-def test_two_nodes_build_their_shards_in_prepare_data(image_folder: Path, tmp_path: Path) -> None:
-    """Two simulated nodes (NODE_RANK 0 and 1, one CPU process each, gloo) share a cache directory."""
-    cache, out = tmp_path / "shared-cache", tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000), "WORLD_SIZE": "2",
-           "LOCAL_RANK": "0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "two_node_build.py"), str(image_folder), str(cache), str(out)],
-                              env={**env, "NODE_RANK": str(node)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for node in (0, 1)]
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
-    built = {node: json.loads((out / f"node{node}_built.json").read_text()) for node in (0, 1)}
-    assert built == {0: [[0, 2]], 1: [[1, 3]]}  # each node built its own shards: i % 2 == node
-    folder = Path(json.loads((out / "node0_seen.json").read_text())["database"])
-    assert (folder / "manifest.json").exists() and len(shards.database_files(folder)) == 4
-    seen = [i for node in (0, 1) for i in json.loads((out / f"node{node}_seen.json").read_text())["indices"]]
-    assert sorted(seen) == list(range(shards.load_meta(folder).count))  # every sample once, over both nodes
-    _same_database(folder, build_lmdb(image_folder, tmp_path / "one.lmdb", progress=False))
 
 
 def _spoil_shard(source: Path, index: int, of: int) -> list[str]:

@@ -34,12 +34,24 @@ def train_module():
         sys.path.remove(str(ROOT))
 
 
-@pytest.mark.parametrize("data", ["lmdb", "raw"])
-def test_fast_dev_run_through_compose(tmp_path: Path, train_module, data: str) -> None:
+@pytest.mark.parametrize(
+    ("data", "transforms", "loader"),
+    [("lmdb", "default", "debug"), ("raw", "eval_only", "default")],
+    ids=["lmdb-in-process", "raw-2-workers"],
+)
+def test_fast_dev_run_through_compose(tmp_path: Path, train_module, data: str, transforms: str, loader: str) -> None:
+    """A fit through the composed config: the LMDB backend loading in this process (the database built by prepare_data), and
+    the raw backend through two persistent worker processes with the transforms Hydra instantiates.
+
+    Every other combination is composed and instantiated, without a fit, by tests/test_datamodule.py.
+    """
+    tiny = [o for o in TINY if not o.startswith("loader=")]
+    overrides = [f"data={data}", f"transforms={transforms}", f"loader={loader}", f"paths.data_dir={tmp_path}", "+trainer.fast_dev_run=true"]
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"data={data}", f"paths.data_dir={tmp_path}", "+trainer.fast_dev_run=true", *TINY])
+        cfg = compose("train", overrides=[*overrides, *tiny])
     summary = train_module.run(cfg, tmp_path / "out")
     assert summary["backend"] == data and summary["epochs"], summary
+    assert summary["meta"]["num_workers"] == cfg.data.num_workers == (2 if loader == "default" else 0)
     epoch = summary["epochs"][0]
     assert epoch["samples"] > 0 and epoch["epoch_time_s"] > 0 and 0 <= epoch["data_wait_frac"] <= 1
     assert (tmp_path / "demo" / "class_00").is_dir(), "the demo dataset is generated on first use"
@@ -116,7 +128,8 @@ def test_gpu_run_reports_utilisation(tmp_path: Path, train_module, decode_device
 
 def test_checkpoint_every_n_steps_then_resume_completes_the_epoch(tmp_path: Path, train_module) -> None:
     # 24 demo images, 2 held out for validation -> 22 training samples, batch 4 -> 6 steps per epoch; stopped after step 2.
-    tiny = [*TINY, "data.batch_size=4", "trainer.max_epochs=1", f"paths.data_dir={tmp_path}"]
+    tiny = [*TINY, "data.batch_size=4", "trainer.max_epochs=1", f"paths.data_dir={tmp_path}", "model=noop"]  # the loader resumes
+    tiny.remove("model.width=8")
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         first = compose("train", overrides=[*tiny, "checkpoint_every_n_steps=2", "+trainer.max_steps=2"])
     train_module.run(first, tmp_path / "first")
