@@ -34,8 +34,15 @@ runs its fast ``uint8`` kernel on exactly that layout (3.4x faster here than on 
 **Reduced-size decoding** (``decode_size=S``): the shorter side the transform will need. A JPEG whose
 shorter side is at least ``2 x k x S`` (``k`` = 2, 4 or 8) is decoded at ``1/k`` scale in the DCT domain
 (OpenCV ``IMREAD_REDUCED_*``, PIL ``draft()``; the two give identical pixels), and the transform resizes
-from there. The margin of 2 keeps the transform's antialiased resize doing at least a 2x reduction, so
-its filter, not the DCT scaling's, shapes the result: against full decode plus the same transform, the
+from there. Such a decode has ``ceil(W / k) x ceil(H / k)`` pixels: when a side is not a multiple of ``k``, its
+last column or row comes from a partly padded block and stands for less than ``k`` source pixels, so the image
+spans exactly ``W / k x H / k`` of them. The decode says so (:func:`reduced_from`: the source size and ``k``), and
+the default transforms (:class:`~lightning_lmdb.transforms.ResizedCrop`) draw their crops in source pixels and
+map them, and their resize, onto that exact span (as Pillow's ``thumbnail()`` does with ``draft()``'s box);
+resizing all the decoded pixels instead stretched the picture by up to ``k - 1`` source pixels (as a transform
+of your own still does, unless it reads :func:`reduced_from`: pass ``decode_size=None`` to it otherwise). The margin
+of 2 keeps the transform's antialiased resize doing at least a 2x reduction, so its filter, not the DCT
+scaling's, shapes the result: against full decode plus the same transform, the
 final tensor's mean absolute difference was 1.2 of 255 on the generated photos (3.0 without the margin;
 ``benchmarks/peers.py`` measures it, the tests bound it). TorchCodec has no scaled decode and ignores
 it; PNG and WebP have no DCT and are decoded whole.
@@ -45,7 +52,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -93,6 +100,43 @@ def _too_many_pixels(name: str, width: int, height: int, limit: int) -> ImageDec
         f"{width}x{height} = {width * height:,} pixels exceeds the limit of {limit:,} "
         "(a possible decompression bomb). Raise max_pixels if the image is genuine.",
     )
+
+
+class Reduced(NamedTuple):
+    """How a reduced-size decode relates to the image in the file (see the module docstring).
+
+    Attributes:
+        factor: The decode is at ``1 / factor`` scale (2, 4 or 8).
+        height: The image's height in the file.
+        width: The image's width in the file.
+    """
+
+    factor: int
+    height: int
+    width: int
+
+
+#: Where a decode keeps its :class:`Reduced`: an attribute of its tensor, a key of its PIL image's ``info``.
+_REDUCED = "lightning_lmdb_reduced"
+
+
+def reduced_from(image: Any) -> Reduced | None:
+    """The :class:`Reduced` of an image decoded at reduced size by this module, ``None`` for one decoded whole.
+
+    Only the decode's own object carries it: a tensor made from it (a copy, a crop, ``.to()``) does not.
+    """
+    found = image.info.get(_REDUCED) if isinstance(image, Image.Image) else getattr(image, _REDUCED, None)
+    return found if isinstance(found, Reduced) else None
+
+
+def _mark_reduced(image: Any, reduced: Reduced | None) -> Any:
+    """``image``, carrying ``reduced`` (nothing for a scale of 1) for :func:`reduced_from`."""
+    if reduced is not None and reduced.factor > 1:
+        if isinstance(image, Image.Image):
+            image.info[_REDUCED] = reduced
+        else:
+            setattr(image, _REDUCED, reduced)
+    return image
 
 
 def reduction(info: ImageInfo, decode_size: int | None) -> int:
@@ -191,17 +235,23 @@ def decode_pil(
         width, height = img.size
         if max_pixels is not None and width * height > max_pixels:
             raise _too_many_pixels(name, width, height, max_pixels)
+        reduced = None
         if decode_size and img.format == "JPEG":  # the largest 1/k scale that keeps both sides >= 2 * decode_size
-            img.draft(None, (_MARGIN * decode_size, _MARGIN * decode_size))
+            drafted = img.draft(None, (_MARGIN * decode_size, _MARGIN * decode_size))
+            if drafted is not None:  # its box: the image's exact span, (0, 0, width / k, height / k)
+                reduced = Reduced(round(width / drafted[1][2]), height, width)
         try:
-            return img.convert("RGB")
+            return _mark_reduced(img.convert("RGB"), reduced)
         except (OSError, SyntaxError, ValueError, EOFError) as exc:
             raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
 
 
 def pil_to_tensor(image: Image.Image) -> torch.Tensor:
-    """An RGB PIL image as a ``uint8`` ``3 x H x W`` tensor (a channels-last view of its own copy of the pixels)."""
-    return hwc_to_tensor(np.array(image.convert("RGB") if image.mode != "RGB" else image))
+    """An RGB PIL image as a ``uint8`` ``3 x H x W`` tensor (a channels-last view of its own copy of the pixels).
+
+    A reduced-size decode's tensor carries its :class:`Reduced` on (:func:`reduced_from`).
+    """
+    return _mark_reduced(hwc_to_tensor(np.array(image.convert("RGB") if image.mode != "RGB" else image)), reduced_from(image))
 
 
 def hwc_to_tensor(pixels: np.ndarray) -> torch.Tensor:
@@ -245,7 +295,7 @@ def _opencv(data: bytes | memoryview, info: ImageInfo, decode_size: int | None) 
         return None
     if bgr:
         pixels = _cv2.cvtColor(pixels, _cv2.COLOR_BGR2RGB)  # type: ignore[union-attr]
-    return hwc_to_tensor(pixels)
+    return _mark_reduced(hwc_to_tensor(pixels), Reduced(k, info.height, info.width))
 
 
 def _has_end_marker(data: bytes | memoryview) -> bool:

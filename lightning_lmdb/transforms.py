@@ -15,7 +15,10 @@ and normalises them on the training device (``LMDBDataModule.on_after_batch_tran
 Each default transform has ``min_input_side``: the shorter side a decoded image needs so that a
 full-image crop is only ever downscaled -- what ``LMDBDataModule`` passes as ``decode_size`` for
 reduced-size decoding. (A small random crop is then enlarged from fewer source pixels than a full
-decode would give it: pass a larger ``decode_size``, or ``None``, if that matters to you.)
+decode would give it: pass a larger ``decode_size``, or ``None``, if that matters to you.) A reduced
+decode's crop is drawn in the file's pixels, as for a full decode (its corner on the decode's pixel grid),
+and mapped onto the decode at its exact scale (:func:`lightning_lmdb.decoders.reduced_from`), so the picture
+keeps its place and proportions.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from PIL import Image
 from torch.nn.functional import interpolate
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
+
+from lightning_lmdb.decoders import pil_to_tensor, reduced_from
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -65,50 +70,95 @@ class ResizedCrop:
         """The shorter side a decoded image needs so that a full-image crop is only ever downscaled."""
         return self.size if self.train else round(self.size * self.resize_ratio)
 
-    def params(self, height: int, width: int) -> tuple[int, int, int, int, int]:
+    def params(self, height: int, width: int, align: int = 1) -> tuple[int, int, int, int, int]:
         """``(top, left, crop height, crop width, flip)`` for an image of this size (torch's RNG, so workers differ).
 
         Evaluation takes the whole image (the centre crop happens after the resize, as torchvision's does).
+
+        Args:
+            height: The image's height (in the file: a reduced-size decode's crops are drawn at full size).
+            width: Its width.
+            align: Move a random crop's top left corner up and left to multiples of this (at most ``align - 1``
+                pixels; its size is kept): the pixel grid of a decode at ``1 / align`` scale (see :meth:`apply`).
         """
         if not self.train:
             return 0, 0, height, width, 0
         top, left, h, w = _random_crop(height, width, self.scale, self.ratio)
-        return top, left, h, w, int(torch.rand(1).item() < self.hflip)
+        return top - top % align, left - left % align, h, w, int(torch.rand(1).item() < self.hflip)
 
-    def apply(self, image: torch.Tensor, params: Sequence[int]) -> torch.Tensor:
+    def apply(self, image: torch.Tensor, params: Sequence[int], factor: int = 1) -> torch.Tensor:
         """Crop ``image`` (``3 x H x W``, any device) by ``params`` and resize it to ``size x size`` (antialiased), flip.
 
         Evaluation: resize the shorter side to :attr:`min_input_side`, then cut the centre ``size x size``.
+
+        Args:
+            image: The decoded image.
+            params: ``(top, left, crop height, crop width, flip)`` in the pixels of the image in the file.
+            factor: ``image`` is a reduced-size decode at ``1 / factor`` scale; ``top`` and ``left`` must then be
+                multiples of ``factor`` (``params(..., align=factor)``). See :func:`_resized_box`.
+
+        Raises:
+            ValueError: ``top`` or ``left`` is not a multiple of ``factor``.
         """
         top, left, h, w, flip = (int(p) for p in params)
-        crop = image[..., top : top + h, left : left + w]
+        if top % factor or left % factor:
+            raise ValueError(f"A crop of a decode at 1/{factor} scale must start at a multiple of {factor}, not at ({top}, {left}): "
+                             f"draw it with params(height, width, align={factor}).")
         if not self.train:
             short, long = sorted((h, w))
             side, other = self.min_input_side, int(self.min_input_side * long / short)  # torchvision's Resize(int) sizes
-            return F.center_crop_image(_resize(crop, [side, other] if h <= w else [other, side]), [self.size, self.size])
-        out = _resize(crop, [self.size, self.size])
+            resized = _resized_box(image, (top, left, h, w), [side, other] if h <= w else [other, side], factor)
+            return F.center_crop_image(resized, [self.size, self.size])
+        out = _resized_box(image, (top, left, h, w), [self.size, self.size], factor)
         return out.flip(-1) if flip else out
 
     def __call__(self, image: Any) -> torch.Tensor:
         if isinstance(image, Image.Image):
-            from lightning_lmdb.decoders import pil_to_tensor
-
             image = pil_to_tensor(image)
         elif not isinstance(image, torch.Tensor):
             raise TypeError(f"ResizedCrop takes a uint8 3 x H x W tensor or a PIL image, not {type(image).__name__}.")
+        reduced = reduced_from(image)
+        if reduced is not None:  # a reduced-size decode: the crop is drawn on the image in the file, on the decode's pixel grid
+            return self.apply(image, self.params(reduced.height, reduced.width, align=reduced.factor), reduced.factor)
         return self.apply(image, self.params(image.shape[-2], image.shape[-1]))
 
 
-def _resize(image: torch.Tensor, size: list[int]) -> torch.Tensor:
+def _resized_box(image: torch.Tensor, box: tuple[int, int, int, int], size: list[int], factor: int) -> torch.Tensor:
+    """The ``(top, left, height, width)`` box of the image in the file, resized to ``size``, from ``image``: its decode at ``1/factor``.
+
+    ``factor`` 1: crop and resize (torchvision's pixels). Otherwise decoded pixel ``i`` covers the file's pixels
+    ``[factor * i, factor * (i + 1))`` -- the last one, of a padded block, fewer -- so the box (``top`` and ``left``
+    multiples of ``factor``) spans exactly ``height / factor x width / factor`` decoded pixels from ``top / factor,
+    left / factor``. The resize maps its output onto that span, its scales given rather than taken from the whole
+    decoded pixels the span touches: those hold up to ``factor - 1`` padding pixels too, and resizing all of them
+    stretched the picture.
+    """
+    top, left, height, width = box
+    if factor == 1:
+        return _resize(image[..., top : top + height, left : left + width], size)
+    top, left = top // factor, left // factor
+    rows, cols = -(-height // factor), -(-width // factor)  # every decoded pixel the span touches
+    return _resize(image[..., top : top + rows, left : left + cols], size, (size[0] * factor / height, size[1] * factor / width))
+
+
+def _resize(image: torch.Tensor, size: list[int], scales: tuple[float, float] | None = None) -> torch.Tensor:
     """torchvision's antialiased bilinear resize of a ``3 x H x W`` image to ``size`` (height, width).
 
     On the CPU the ``uint8`` kernel is called directly: its output is then a contiguous ``3 x h x w`` tensor,
     where torchvision keeps the decoders' channels-last layout -- and stacking 64 channels-last images into
     a batch cost 10 us an image more than stacking contiguous ones (a strided gather), for the same pixels.
+
+    ``scales`` (output pixels per input pixel, height and width): map the output onto the first ``size / scales``
+    input pixels rather than onto all of them. ``interpolate`` takes a size or scales, its kernel both.
     """
-    if image.device.type == "cpu" and image.dtype == torch.uint8:
-        return interpolate(image[None], size=size, mode="bilinear", antialias=True, align_corners=False)[0]
-    return F.resize_image(image, size, antialias=True)
+    native = image.device.type == "cpu" and image.dtype == torch.uint8
+    if scales is None:
+        if native:
+            return interpolate(image[None], size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+        return F.resize_image(image, size, antialias=True)
+    pixels = image if native or image.is_floating_point() else image.float()  # off the CPU, uint8 in float as torchvision does
+    out = torch.ops.aten._upsample_bilinear2d_aa(pixels[None], size, False, *scales)[0]
+    return out if out.dtype == image.dtype else out.round_().clamp_(0, 255).to(image.dtype)
 
 
 def _random_crop(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float]) -> tuple[int, int, int, int]:

@@ -24,6 +24,9 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for_connections
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,7 @@ _MIN_MAP_SIZE = 16 << 20
 
 
 class BuildError(ValueError):
-    """A source file could not be packed (with ``on_error="raise"``)."""
+    """A source file could not be packed (with ``on_error="raise"``), or a sharded build's shard process died (a rerun resumes)."""
 
 
 class StaleDatabaseError(fmt.DatabaseError):
@@ -219,18 +222,13 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     ranges = shards.shard_ranges([f.size for f in scan.files], count_of)
     todo = list(range(count_of)) if indices is None else sorted(set(indices))
     workers = available_cores() if options.workers is None else options.workers
-    lines = max(1, min(workers, len(todo)))  # one progress line per concurrent shard process
     jobs = [_ShardJob(_sub_scan(scan, *ranges[i], with_special=i == 0), folder / shards.shard_name(i, count_of),
-                      fmt.ShardInfo(i, count_of, *ranges[i], len(scan.files), scan.fingerprint()), n % lines)
-            for n, i in enumerate(todo)]
+                      fmt.ShardInfo(i, count_of, *ranges[i], len(scan.files), scan.fingerprint()))
+            for i in todo]
     if len(jobs) == 1 or workers <= 1:  # one shard: its files read by this build's pool (or in this process with workers=0)
         reports = [_build_shard(job, options) for job in jobs]
     else:  # one process per shard, each reading, decoding and writing in-process: no pipe between readers and a writer
-        per_shard = options.replace(workers=0)
-        # multiprocessing's Pool terminates its processes when this block exits on an error or Ctrl-C (what is
-        # committed stays: a rerun resumes each shard); an executor would wait for every running shard to finish
-        with multiprocessing.get_context().Pool(min(workers, len(jobs)), maxtasksperchild=1) as pool:
-            reports = pool.starmap(_build_shard, [(job, per_shard) for job in jobs], chunksize=1)
+        reports = _build_in_shard_processes(jobs, options.replace(workers=0), workers)
     written = sum(r.records_written for r in reports)
     actions = {r.action for r in reports}
     action = "built" if "built" in actions else "resumed" if "resumed" in actions else "up-to-date"
@@ -250,7 +248,85 @@ class _ShardJob:
     scan: SourceScan
     path: Path
     info: fmt.ShardInfo
-    line: int  # its progress bar's line
+    line: int = 0  # its progress bar's line
+
+
+def _build_in_shard_processes(jobs: list[_ShardJob], options: BuildOptions, workers: int) -> list[BuildReport]:
+    """Build each job in a process of its own, up to ``workers`` at once; their reports, in job order.
+
+    The first shard that fails ends the build: its error is raised here -- a process that dies without a result
+    (killed alone, e.g. by the out-of-memory killer) as a :class:`BuildError` naming its shard -- and the other shard
+    processes are terminated, as they are on Ctrl-C. What each shard committed stays, and a rerun resumes there.
+    (A ``multiprocessing.Pool`` waits forever for the result of a worker killed alone.)
+    """
+    context = multiprocessing.get_context()
+    waiting = list(reversed(jobs))
+    running: dict[Connection, tuple[_ShardJob, BaseProcess]] = {}  # each process's end of the pipe it sends its result on
+    reports: dict[Path, BuildReport] = {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < workers:
+                busy = {job.line for job, _ in running.values()}
+                job = replace(waiting.pop(), line=min(set(range(workers)) - busy))  # a progress line no running shard uses
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(target=_shard_process, args=(job, options, sender), name=f"build {job.path.name}",
+                                          daemon=True)
+                process.start()
+                sender.close()  # the child's copy is the only one left: the pipe ends (EOF) when the child does
+                running[receiver] = (job, process)
+            for receiver in wait_for_connections(list(running)):
+                job, process = running.pop(receiver)
+                reports[job.path] = _shard_result(job, process, receiver)
+    finally:
+        for _, process in running.values():
+            process.terminate()
+        for receiver, (_, process) in running.items():
+            process.join()
+            receiver.close()
+    return [reports[job.path] for job in jobs]
+
+
+def _shard_process(job: _ShardJob, options: BuildOptions, sender: Connection) -> None:
+    """The body of a shard process: build the shard and send back ``("report", BuildReport)`` or ``("error", exception)``."""
+    try:
+        result: tuple[str, Any] = ("report", _build_shard(job, options))
+    except Exception as exc:  # noqa: BLE001 - raised again by the parent
+        result = ("error", exc)
+    try:
+        sender.send(result)
+    except Exception:  # noqa: BLE001 - an exception that does not pickle: its text
+        sender.send(("error", BuildError(f"Building {job.path} failed: {type(result[1]).__name__}: {result[1]}")))
+
+
+def _shard_result(job: _ShardJob, process: BaseProcess, receiver: Connection) -> BuildReport:
+    """What the shard process of ``job`` sent (once its pipe is readable): its report, or its error raised here."""
+    try:
+        kind, value = receiver.recv()
+    except (EOFError, OSError):  # it ended without sending (all or part of) a result
+        kind, value = "died", None
+    finally:
+        receiver.close()
+    process.join()
+    if kind == "report":
+        return value
+    if kind == "error":
+        raise value
+    raise BuildError(_died(job, process.exitcode))
+
+
+def _died(job: _ShardJob, exitcode: int | None) -> str:
+    """Why a shard's build failed when its process ended without a result, and what to do."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        how = f"was killed by {name}" + (" (what the out-of-memory killer sends: if memory is short, build with fewer workers)"
+                                          if -exitcode == signal.SIGKILL else "")
+    else:
+        how = f"exited with code {exitcode} without a result"
+    return (f"The process building shard {job.info.index}/{job.info.of} ({job.path}) {how}. Nothing committed was lost: the "
+            "finished shards are kept and a rerun of the build resumes the others where they stopped.")
 
 
 def _sub_scan(scan: SourceScan, start: int, stop: int, *, with_special: bool) -> SourceScan:

@@ -12,15 +12,16 @@ resize: on these photo-like images (smooth noise at three scales plus fine grain
 difference measured a mean of 0.2 to 0.6 per image, a 99th percentile of 1 to 2 levels and a maximum of 3. The
 bounds -- a mean of at most 1.2 per image (the figure the decoders' docstring states for this path) and a 99th
 percentile of at most 4 (twice what was measured, for other libjpeg builds) -- do not admit a misplaced image (a
-shift by one output pixel gives a mean of 8 to 20 here, a stretch by 3 source pixels 3.8: see the xfail test).
+shift by one output pixel gives a mean of 8 to 20 here, a stretch by 3 source pixels 3.8: see the last tests).
 Subtler errors, such as a reduction without the 2x margin (a mean of up to 1.6 here), are caught by checking the
 decoded sizes against the documented scale rule: the test spies on every decode.
 
-The sides of the JPEGs are multiples of 8: for other sizes, see the xfail test at the end.
+The sides of the JPEGs are multiples of 8: for other sizes, and for the training crop, see the tests at the end.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -33,8 +34,9 @@ from imagegen import photo
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
-from lightning_lmdb import LMDBDataModule, codec
+from lightning_lmdb import LMDBDataModule, codec, decoders
 from lightning_lmdb.imageinfo import read_info
+from lightning_lmdb.transforms import eval_transform, train_transform
 
 #: (class, file, (width, height), PIL mode): JPEGs from 256 px up, portrait and landscape, one grey; two PNGs.
 FILES = [
@@ -146,16 +148,45 @@ def test_decode_size_none_is_image_folder_to_the_rounding(tmp_path: Path, monkey
     assert _diffs(images, _image_folder(root, 32)[1]).max() <= 1
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: a reduced decode of a JPEG whose sides are not multiples of the scale is "
-                                       "resized as if its padded last block row/column were image, shifting the picture")
 def test_fast_path_of_a_jpeg_whose_sides_are_not_multiples_of_the_scale(tmp_path: Path) -> None:
     """333 x 301 at 1/4 scale decodes to 84 x 76 pixels that cover 336 x 304 (the last block's padding included).
 
-    The transform resizes all of them as the whole picture: the image is stretched by up to 3 source pixels and
-    the mean difference from ``ImageFolder`` is 3.8 (of 255) instead of the 0.5 of a 332 x 300 JPEG.
+    Resizing all of them as the whole picture stretched the image by up to 3 source pixels: a mean difference from
+    ``ImageFolder`` of 3.8 (of 255) instead of the 0.5 of a 332 x 300 JPEG. The resize now maps onto the exact
+    83.25 x 75.25 decoded pixels the picture spans.
     """
     root = _make_folder(tmp_path / "src", [("only", "odd.jpg", (333, 301), "RGB"), ("only", "even.jpg", (332, 300), "RGB")])
     _, images, _ = _served(root, tmp_path / "cache", 32)
     even, odd = _diffs(images, _image_folder(root, 32)[1]).flatten(1).mean(1).tolist()  # sorted by name: even, odd
     assert even <= MAX_MEAN_DIFF, "the control: sides that are multiples of 4"
     assert odd <= MAX_MEAN_DIFF, f"mean diff {odd:.2f}"
+
+
+@pytest.mark.parametrize("decoder", ["opencv", "pil"])  # OpenCV's IMREAD_REDUCED_4 and PIL's draft(): the same pixels, the same geometry
+@pytest.mark.parametrize(("width", "height"), [(333, 301), (301, 334)])
+def test_crops_of_a_reduced_decode_are_the_crops_of_the_full_decode(decoder: str, width: int, height: int) -> None:
+    """The transforms of a JPEG decoded at 1/4 scale give the crops of its full decode, to the bound.
+
+    A random crop is drawn on the image in the file, its corner moved onto the decode's pixel grid
+    (``params(..., align=4)``: at most 3 pixels up and left, its size kept), and mapped onto the decode at its
+    exact scale. Drawn on the decode instead, with its size in decoded pixels, it was another crop, and one
+    reaching the last row or column was stretched by the padding. Crops of at least half the area: smaller ones
+    are enlarged from the fewer pixels of the reduced decode (a documented loss).
+    """
+    data = io.BytesIO()
+    photo(np.random.default_rng(1), width, height).save(data, "JPEG", quality=90)
+    full = decoders.pil_to_tensor(decoders.decode(data.getvalue(), "pil"))  # ImageFolder's pixels
+    for transform in (train_transform(32, scale=(0.5, 1.0)), eval_transform(32)):
+        reduced = decoders.decode(data.getvalue(), decoder, decode_size=transform.min_input_side)
+        assert decoders.reduced_from(reduced) == (4, height, width), "decoded at 1/4, carrying the file's size"
+        shape = np.asarray(reduced).shape[:2] if decoder == "pil" else tuple(reduced.shape[1:])
+        assert shape == (math.ceil(height / 4), math.ceil(width / 4))
+        for seed in range(6 if transform.train else 1):
+            torch.manual_seed(seed)
+            params = transform.params(height, width, align=4)
+            assert params[0] % 4 == params[1] % 4 == 0 and params[0] + params[2] <= height and params[1] + params[3] <= width
+            torch.manual_seed(seed)
+            diff = _diffs(transform(reduced), transform.apply(full, params)).mean()
+            assert diff <= MAX_MEAN_DIFF, f"{'train' if transform.train else 'eval'} seed {seed}: mean diff {diff:.2f}"
+    with pytest.raises(ValueError, match=r"must start at a multiple of 4, not at \(2, 0\).*align=4"):
+        train_transform(32).apply(full, (2, 0, 100, 100, 0), factor=4)
