@@ -208,7 +208,8 @@ class LMDBDataModule(pl.LightningDataModule):
             cache key hashes the real folder, so nothing is rebuilt because of them); they are unmounted when the
             process exits. With ``cold_cache`` the mounts keep no file contents cached either. ``None``: off.
         local_cache_dir: A folder on each node's local disk: ``prepare_data`` copies each database there after
-            building it (once per node; checked block by block against the source, resumed after a kill, skipped
+            building it (``setup`` does, with ``shared_filesystem`` on several nodes: after the barrier; once per
+            node; checked block by block against the source, resumed after a kill, skipped
             when the copy is current: :mod:`lightning_lmdb.staging`) and the loaders read the copy, not the
             shared or network storage of ``cache_dir``. ``None``: read the databases where they are built.
 
@@ -444,15 +445,21 @@ class LMDBDataModule(pl.LightningDataModule):
                 elif node == 0:  # one file: node 0 builds it, the others wait at Lightning's barrier after prepare_data
                     build_lmdb(source, target, options)
         self.timings["prepare_s"] = time.perf_counter() - started
-        if self.local_cache_dir is not None:
-            served = [self.served_database_path(split) for split in sources]  # mounted before the clock starts
-            started = time.perf_counter()
-            for database in served:
-                with _writing_to(self.local_cache_dir, "local_cache_dir"):
-                    report = stage(database, self.local_cache_dir)
-                rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
-                               f"{report.seconds:.1f} s)")
-            self.timings["stage_s"] = time.perf_counter() - started
+        if not (self.shared_filesystem and nodes > 1):  # else in setup: another node may still be building them here
+            self._stage_databases()
+
+    def _stage_databases(self) -> None:
+        """Copy each database to ``local_cache_dir`` (if set); a copy that is current is kept (one copy per node: staging locks)."""
+        if self.local_cache_dir is None or self.backend != "lmdb":
+            return
+        served = [self.served_database_path(split) for split, folder in self.dirs.items() if folder is not None]  # mounted first
+        started = time.perf_counter()
+        for database in served:
+            with _writing_to(self.local_cache_dir, "local_cache_dir"):
+                report = stage(database, self.local_cache_dir)
+            rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
+                           f"{report.seconds:.1f} s)")
+        self.timings["stage_s"] = time.perf_counter() - started
 
     def _node(self) -> tuple[int, int]:
         """``(node rank, number of nodes)`` of the trainer's job (``(0, 1)`` without a trainer)."""
@@ -464,6 +471,8 @@ class LMDBDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
         _silence_the_both_hooks_warning()
+        if self.shared_filesystem and self._node()[1] > 1:  # after Lightning's barrier: every node's databases are complete
+            self._stage_databases()
         for split in (s for s, folder in self.dirs.items() if folder is not None):  # mount first: not part of setup_s
             (self._reading_path if self.backend == "lmdb" else self.source_path)(split)
         started = time.perf_counter()

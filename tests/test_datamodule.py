@@ -161,6 +161,31 @@ def test_shared_filesystem_without_shards_node_zero_builds_the_file_and_node_one
         assert torch.equal(x0, x1) and torch.equal(y0, y1), "both nodes read identical samples"
 
 
+@pytest.mark.parametrize("shard_count", [None, 2])
+def test_shared_filesystem_with_local_copies_stages_after_the_barrier(tmp_path: Path, shard_count: int | None) -> None:
+    """With ``local_cache_dir`` a node that is not building stages nothing in ``prepare_data`` (node 0 may still be building);
+    each node copies the finished databases in ``setup``, after Lightning's barrier, and reads its own copy."""
+    source = make_jpegs(tmp_path / "src", 8, size=16)
+    settings = dict(cache_dir=tmp_path / "shared", shared_filesystem=True, build_workers=0, num_workers=0, batch_size=4,
+                    val_fraction=0, shuffle=False, shards=shard_count, train_transform=eval_transform(8))
+    nodes = [LMDBDataModule(source, local_cache_dir=tmp_path / f"local{rank}", **settings) for rank in range(2)]
+    for rank, dm in enumerate(nodes):
+        dm.trainer = SimpleNamespace(node_rank=rank, num_nodes=2)
+    nodes[1].prepare_data()  # node 0 has not built yet: before the fix, a FileNotFoundError or a missing-manifest error
+    assert not (tmp_path / "local1").exists() or not any((tmp_path / "local1").iterdir()), "nothing staged before the barrier"
+    nodes[0].prepare_data()
+    if shard_count:
+        nodes[1].prepare_data()  # each node builds its own shards
+    batches = []
+    for rank, dm in enumerate(nodes):
+        dm.setup("fit")  # after the barrier
+        assert Path(dm.datasets["train"].path).is_relative_to(tmp_path / f"local{rank}"), "each node reads its own local copy"
+        batches.append(list(dm.train_dataloader()))
+    assert len(batches[0]) == 2
+    for (x0, y0), (x1, y1) in zip(*batches, strict=True):
+        assert torch.equal(x0, x1) and torch.equal(y0, y1)
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
