@@ -48,17 +48,11 @@ log = logging.getLogger("train")
 
 #: Failures of the input, the config or the disk: one line, no traceback (the project's own errors count too).
 _EXPECTED_ERRORS = (OSError, lmdb.Error, OmegaConfBaseException, HydraException)
-_PACKAGE_DIR = Path(lightning_lmdb.__file__).resolve().parent
 
 
 def _raised_by_the_project(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of the project's errors, or was raised in its code (a ``ValueError`` refusing bad input)."""
-    if type(exc).__module__.split(".")[0] == "lightning_lmdb":
-        return True
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and isinstance(exc, ValueError) and Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE_DIR)
+    """Whether ``exc`` is one of the project's errors (bad input, a damaged database ...), not a bug."""
+    return isinstance(exc, lightning_lmdb.LightningLMDBError)
 
 
 def expected_error(exc: BaseException) -> BaseException | None:

@@ -12,10 +12,11 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "LightningLMDBError": "lightning_lmdb.errors",
     "build_lmdb": "lightning_lmdb.writer",
     "BuildError": "lightning_lmdb.writer",
     "StaleDatabaseError": "lightning_lmdb.writer",
-    "DiskFullError": "lightning_lmdb.writer",
+    "DiskFullError": "lightning_lmdb.errors",
     "DatabaseError": "lightning_lmdb.format",
     "ImageDecodeError": "lightning_lmdb.codec",
     "BuildOptions": "lightning_lmdb.options",
@@ -24,7 +25,7 @@ _EXPORTS = {
     "LMDBImageDataset": "lightning_lmdb.dataset",
     "RawImageDataset": "lightning_lmdb.dataset",
     "LMDBDataModule": "lightning_lmdb.datamodule",
-    "CacheDirError": "lightning_lmdb.datamodule",
+    "CacheDirError": "lightning_lmdb.errors",
     "stage": "lightning_lmdb.staging",
 }
 

@@ -45,6 +45,7 @@ from lightning_lmdb import format as fmt
 from lightning_lmdb.cache import evict, resident_fraction
 from lightning_lmdb.codec import decode_record
 from lightning_lmdb.decoders import DECODERS, decode
+from lightning_lmdb.errors import OptionError
 
 #: (name, readahead) of the storages measured; ``None`` means raw files.
 STORAGES: tuple[tuple[str, bool | None], ...] = (("raw", None), ("lmdb readahead=on", True), ("lmdb readahead=off", False))
@@ -97,11 +98,11 @@ def run_read_benchmark(
     from lightning_lmdb.writer import build_lmdb
 
     if passes < 1:
-        raise ValueError(f"passes={passes} must be >= 1.")
+        raise OptionError(f"passes={passes} must be >= 1.")
     if decoder not in DECODERS:
-        raise ValueError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
+        raise OptionError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
     if limit is not None and limit < 1:
-        raise ValueError(f"limit={limit} must be >= 1 (or None for every record).")
+        raise OptionError(f"limit={limit} must be >= 1 (or None for every record).")
     source_root = Path(source).expanduser().resolve()
     target = Path(target).expanduser().absolute()
     storage, shard_count = _existing_layout(target)

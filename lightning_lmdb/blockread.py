@@ -52,6 +52,7 @@ import numpy as np
 
 from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
+from lightning_lmdb.errors import OptionError
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class BlockReads:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 what = "records per block; or None for about 4 MiB of records" if name == "block_size" else "blocks remembered"
-                raise ValueError(f"{name}={value!r} must be a positive integer ({what}).")
+                raise OptionError(f"{name}={value!r} must be a positive integer ({what}).")
 
     def before_load(self, dataset: BlockSource, index: int) -> None:
         """Read the block of sample ``index`` of ``dataset`` unless this process read it recently."""

@@ -23,8 +23,7 @@ import lmdb
 from lightning_lmdb import __version__
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.decoders import DECODERS
-from lightning_lmdb.format import DatabaseError
-from lightning_lmdb.netfs import NetfsError
+from lightning_lmdb.errors import LightningLMDBError, OptionError
 from lightning_lmdb.options import CHOICES, BuildOptions
 
 if TYPE_CHECKING:
@@ -35,8 +34,9 @@ EXIT_ERROR = 2
 #: Exit status after Ctrl-C (128 + SIGINT, as shells report it).
 EXIT_INTERRUPTED = 130
 
-#: Expected failures: reported as one line on stderr, never with a traceback. Anything else is a bug.
-_EXPECTED_ERRORS = (OSError, lmdb.Error, ValueError, DatabaseError, NetfsError)
+#: Expected failures: reported as one line on stderr, never with a traceback. Anything else -- a bare ``ValueError``
+#: included -- is a bug and shows its traceback.
+_EXPECTED_ERRORS = (LightningLMDBError, OSError, lmdb.Error)
 
 #: What to try, per errno, when an OSError's own message gives no advice.
 _ERRNO_HINTS = {
@@ -78,10 +78,10 @@ def _shard_options(args: argparse.Namespace) -> dict[str, int | None]:
     if args.shard is not None:
         index, sep, count = args.shard.partition("/")
         if not sep or not index.isdigit() or not count.isdigit():
-            raise ValueError(f"--shard {args.shard!r} must be I/K, e.g. --shard 0/4 (the first of 4 shards).")
+            raise OptionError(f"--shard {args.shard!r} must be I/K, e.g. --shard 0/4 (the first of 4 shards).")
         shard, count_of = int(index), int(count)
         if shards is not None and shards != count_of:
-            raise ValueError(f"--shard {args.shard} says {count_of} shards but --shards says {shards}; give one of them.")
+            raise OptionError(f"--shard {args.shard} says {count_of} shards but --shards says {shards}; give one of them.")
         shards = count_of
     return {"shards": shards, "shard": shard}
 

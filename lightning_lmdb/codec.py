@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 
 from lightning_lmdb.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor
+from lightning_lmdb.errors import RecordError
 from lightning_lmdb.imageinfo import read_info
 
 if TYPE_CHECKING:  # torch is imported where a tensor is made (decoders.hwc_to_tensor): info and verify do without it
@@ -47,10 +48,6 @@ _PIXEL_HEADER = struct.Struct("<III")
 
 #: ``ImageFolder``'s decode (PIL, ``convert("RGB")``), kept under its historical name.
 decode_image = decode_pil
-
-
-class RecordError(ValueError):
-    """A stored record value that does not parse (the database is damaged)."""
 
 
 def encode_pixels(pixels: np.ndarray) -> bytes:

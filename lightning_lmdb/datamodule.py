@@ -26,6 +26,7 @@ from lightning_lmdb.batchdecode import Collate, DeferredImages
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, available_memory, close_environments
 from lightning_lmdb.decoders import DECODERS, Decoder
+from lightning_lmdb.errors import CacheDirError, OptionError, SourceError
 from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.format import DatabaseError
 from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
@@ -69,10 +70,6 @@ def choose_shuffle(database_bytes: int, available: int) -> Shuffle:
     return "block" if database_bytes >= available else True
 
 
-class CacheDirError(OSError):
-    """``cache_dir`` (or ``local_cache_dir``) cannot be written: a read-only file system, or no permission."""
-
-
 #: Why a folder cannot be written, per errno.
 _NOT_WRITABLE = {errno.EROFS: "a read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
 
@@ -106,7 +103,7 @@ def _writing_to(folder: Path, option: str) -> Iterator[None]:
 def _check_count(name: str, value: Any, minimum: int, meaning: str) -> None:
     """Refuse ``value`` unless it is an integer ``>= minimum`` (``bool`` is not one); ``meaning`` says what it counts."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum} ({meaning}; Hydra: data.{name}=...).")
+        raise OptionError(f"{name}={value!r} must be an integer >= {minimum} ({meaning}; Hydra: data.{name}=...).")
 
 
 def default_cache_dir() -> Path:
@@ -277,18 +274,18 @@ class LMDBDataModule(pl.LightningDataModule):
         )
         for name, value, valid in choices:
             if value not in valid:
-                raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, valid))}.")
+                raise OptionError(f"{name}={value!r} is not one of {', '.join(map(repr, valid))}.")
         if not (shuffle is None or isinstance(shuffle, bool) or (isinstance(shuffle, str) and shuffle == "block")):
-            raise ValueError(f"shuffle={shuffle!r} is not one of True, False, 'block', None (None: 'block' when the training "
+            raise OptionError(f"shuffle={shuffle!r} is not one of True, False, 'block', None (None: 'block' when the training "
                              "data does not fit in memory, else True).")
         number = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
         if val_fraction is not None and not (number and 0 <= val_fraction < 1):
-            raise ValueError(f"val_fraction={val_fraction!r} must be in [0, 1), or None for 0.1 without val_dir and no split with one.")
+            raise OptionError(f"val_fraction={val_fraction!r} must be in [0, 1), or None for 0.1 without val_dir and no split with one.")
         if val_fraction and val_dir is not None:
-            raise ValueError(f"Give either val_dir or val_fraction, not both (val_fraction={val_fraction!r}): pass val_fraction=0 or None"
+            raise OptionError(f"Give either val_dir or val_fraction, not both (val_fraction={val_fraction!r}): pass val_fraction=0 or None"
                              " to validate on val_dir, or leave val_dir out to split train_dir.")
         if train_dir is None and val_dir is None and test_dir is None:
-            raise ValueError("No data: pass train_dir (and val_dir / test_dir or val_fraction).")
+            raise OptionError("No data: pass train_dir (and val_dir / test_dir or val_fraction).")
         _check_count("batch_size", batch_size, 1, "samples per batch")
         _check_count("image_size", image_size, 1, "side in pixels of the images the default transforms make")
         _check_count("prefetch_factor", prefetch_factor, 1, "batches prefetched per worker")
@@ -310,9 +307,9 @@ class LMDBDataModule(pl.LightningDataModule):
                                           max_pixels=max_pixels, resize=resize, quality=quality, shards=shards)
         if decode_size != "auto" and decode_size is not None and (isinstance(decode_size, bool) or not isinstance(decode_size, int)
                                                                   or decode_size < 1):
-            raise ValueError(f"decode_size={decode_size!r} must be 'auto', a positive integer or None (decode every image whole).")
+            raise OptionError(f"decode_size={decode_size!r} must be 'auto', a positive integer or None (decode every image whole).")
         if decode_device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("decode_device='cuda' needs a CUDA GPU, and torch sees none. Leave decode_device=None to decode in the "
+            raise OptionError("decode_device='cuda' needs a CUDA GPU, and torch sees none. Leave decode_device=None to decode in the "
                              "workers (Hydra: data.decode_device=null).")
         self.decoder, self.decode_size, self.decode_device = decoder, decode_size, decode_device
         self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
@@ -326,7 +323,7 @@ class LMDBDataModule(pl.LightningDataModule):
                        f"{str(self.database_path(split))!r}." if serve_without_folder else "")
                 )
             if folder is not None and not serve_without_folder and not _has_images(folder):  # on_stale="ignore" promises no scan
-                raise ValueError(
+                raise SourceError(
                     f"No images found in {split}_dir {str(folder)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in "
                     f"one subfolder per class (ImageFolder layout) or directly in the folder. Pass the folder that holds your images "
                     f"(Hydra: data.{split}_dir=/path/to/images)."
@@ -334,7 +331,7 @@ class LMDBDataModule(pl.LightningDataModule):
         self.readahead = readahead
         self.image_size = image_size
         if decode_device is not None and not finish_on_device:
-            raise ValueError(f"decode_device={decode_device!r} makes uint8 batches on the device, which finish_on_device=True normalises "
+            raise OptionError(f"decode_device={decode_device!r} makes uint8 batches on the device, which finish_on_device=True normalises "
                              "there; pass finish_on_device=True (Hydra: data.finish_on_device=true).")
         in_workers = not finish_on_device
         self.train_transform = (train_transform if train_transform is not None else
@@ -342,7 +339,7 @@ class LMDBDataModule(pl.LightningDataModule):
         self.eval_transform = (eval_transform if eval_transform is not None else
                                transforms.eval_transform(image_size, normalize=in_workers, mean=mean, std=std))
         if decode_device is not None and not all(isinstance(t, ResizedCrop) for t in (self.train_transform, self.eval_transform)):
-            raise ValueError(
+            raise OptionError(
                 f"decode_device={decode_device!r} applies each sample's crop, flip and resize itself, batch by batch on the device, so "
                 "the transforms must be lightning_lmdb.transforms.ResizedCrop (the defaults, train_transform() / eval_transform()). "
                 "Leave train_transform/eval_transform out, or decode in the workers (decode_device=None)."
@@ -359,7 +356,7 @@ class LMDBDataModule(pl.LightningDataModule):
             self.persistent_workers = False
         if netfs_latency_ms is not None:
             if isinstance(netfs_latency_ms, bool) or not isinstance(netfs_latency_ms, (int, float)) or netfs_latency_ms < 0:
-                raise ValueError(f"netfs_latency_ms={netfs_latency_ms!r} must be a number of milliseconds >= 0 (e.g. 0.5), or None "
+                raise OptionError(f"netfs_latency_ms={netfs_latency_ms!r} must be a number of milliseconds >= 0 (e.g. 0.5), or None "
                                  "to read the files directly.")
             netfs.check_available()  # says what to install
         self.netfs_latency_ms = netfs_latency_ms
@@ -378,7 +375,7 @@ class LMDBDataModule(pl.LightningDataModule):
         """Where the database of ``split``'s folder lives (deterministic: every rank computes the same)."""
         folder = self.dirs[split]
         if folder is None:
-            raise ValueError(f"No {split}_dir was given.")
+            raise OptionError(f"No {split}_dir was given.")
         options = self.build_options
         text = f"{folder}\0{options.storage}" + (f"\0resize={options.resize}\0quality={options.quality}" if options.resize else "")
         text += f"\0shards={options.shards}" if options.shards is not None else ""
@@ -389,7 +386,7 @@ class LMDBDataModule(pl.LightningDataModule):
         """The folder of ``split`` as this module reads it: through its latency mount with ``netfs_latency_ms``."""
         folder = self.dirs[split]
         if folder is None:
-            raise ValueError(f"No {split}_dir was given.")
+            raise OptionError(f"No {split}_dir was given.")
         return self._through_netfs(folder, folder.name) if folder.is_dir() else folder
 
     def served_database_path(self, split: str) -> Path:
@@ -411,7 +408,7 @@ class LMDBDataModule(pl.LightningDataModule):
             return folder
         world = getattr(self.trainer, "world_size", 1) if self.trainer is not None else 1
         if world > 1:  # every rank would mount at the same stable points, each replacing the others' mounts
-            raise ValueError(f"netfs_latency_ms={self.netfs_latency_ms} emulates network storage for one process, and this run has "
+            raise OptionError(f"netfs_latency_ms={self.netfs_latency_ms} emulates network storage for one process, and this run has "
                              f"{world}; run it with devices=1 (Hydra: trainer.devices=1), or mount the folders yourself with "
                              "`lightning-lmdb netfs` and pass the mount points as the folders.")
         key = hashlib.sha256(str(folder).encode("utf-8", "surrogatepass")).hexdigest()[:10]

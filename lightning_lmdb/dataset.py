@@ -66,6 +66,7 @@ from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred, defer
 from lightning_lmdb.codec import ImageDecodeError, decode_record
 from lightning_lmdb.decoders import DECODERS, decode
+from lightning_lmdb.errors import OptionError
 from lightning_lmdb.folder import read_file, scan_folder
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
 from lightning_lmdb.transforms import ResizedCrop
@@ -116,9 +117,9 @@ class Split:
 
 def _check_decoding(decoder: str, decode_size: int | None) -> None:
     if decoder not in DECODERS:
-        raise ValueError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
+        raise OptionError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
     if decode_size is not None and (isinstance(decode_size, bool) or not isinstance(decode_size, int) or decode_size < 1):
-        raise ValueError(f"decode_size={decode_size!r} must be a positive integer (the shorter side the transform needs), or None.")
+        raise OptionError(f"decode_size={decode_size!r} must be a positive integer (the shorter side the transform needs), or None.")
 
 
 def _index_dtype(size: int) -> type:
@@ -215,7 +216,7 @@ class _ImageDataset(Dataset):
         Both parts pickle as ``(seed, fraction, part)`` and recompute their rows in each process.
         """
         if not 0.0 < fraction < 1.0:
-            raise ValueError(f"fraction={fraction} must be in (0, 1).")
+            raise OptionError(f"fraction={fraction} must be in (0, 1).")
         return (self._with_step(Split(seed, fraction, "train"), transforms[0]),
                 self._with_step(Split(seed, fraction, "val"), transforms[1]))
 
@@ -231,7 +232,7 @@ class _ImageDataset(Dataset):
         decoder = self.decoder if decoder is None else decoder
         _check_decoding(decoder, decode_size)
         if defer_jpeg and not isinstance(self.transform, ResizedCrop):
-            raise ValueError(
+            raise OptionError(
                 f"defer_jpeg=True needs a lightning_lmdb.transforms.ResizedCrop transform (the batched decode applies its crops), "
                 f"not {type(self.transform).__name__}."
             )

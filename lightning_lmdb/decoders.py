@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 from PIL import Image
 
+from lightning_lmdb.errors import ImageDecodeError, OptionError
 from lightning_lmdb.imageinfo import ImageInfo, read_info
 
 if TYPE_CHECKING:
@@ -79,19 +80,6 @@ _MARGIN = 2
 # once-per-location registry, and every other warning (e.g. Pillow's "Palette images with
 # Transparency") was then printed once per image instead of once per process.
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
-
-
-class ImageDecodeError(ValueError):
-    """Bytes that are not a decodable image, or an image over the pixel limit.
-
-    Attributes:
-        name: The image (usually its path).
-        reason: What is wrong with it and what to do, without the name.
-    """
-
-    def __init__(self, name: str, reason: str):
-        super().__init__(f"{name}: {reason}")
-        self.name, self.reason = name, reason
 
 
 def _too_many_pixels(name: str, width: int, height: int, limit: int) -> ImageDecodeError:
@@ -157,7 +145,7 @@ def choose(info: ImageInfo, decoder: str) -> str:
         ValueError: ``decoder`` is not one of :data:`DECODERS`.
     """
     if decoder not in DECODERS:
-        raise ValueError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
+        raise OptionError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
     if decoder == "pil" or info.format == "other" or not info.pixels:
         return "pil"
     if decoder == "auto":

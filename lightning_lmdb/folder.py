@@ -23,6 +23,8 @@ from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension, make_dataset
 
+from lightning_lmdb.errors import NotRegularFileError, SourceError
+
 #: Target given to every sample of a flat (unlabelled) folder.
 NO_TARGET = -1
 
@@ -115,7 +117,7 @@ def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
         try:
             samples = make_dataset(root, class_to_idx, IMG_EXTENSIONS)
         except FileNotFoundError as exc:
-            raise ValueError(
+            raise SourceError(
                 f"{exc} in {str(root)!r}. ImageFolder refuses such a folder too: add images to each class folder "
                 "or remove the empty ones."
             ) from exc
@@ -127,7 +129,7 @@ def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
             if not entry.is_dir() and has_file_allowed_extension(entry.name, IMG_EXTENSIONS)
         )
     if not samples:
-        raise ValueError(
+        raise SourceError(
             f"No images found in {str(root)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in one "
             "subfolder per class (ImageFolder layout) or directly in the folder. Check the path."
         )
@@ -145,18 +147,6 @@ def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
                 continue
         files.append(SourceFile(path=path, relpath=relpath, target=target, size=size, mtime_ns=mtime_ns))
     return SourceScan(root=root, classes=list(classes), class_to_idx=dict(class_to_idx), files=files, special=special)
-
-
-class NotRegularFileError(OSError):
-    """A path named like an image is a FIFO, socket or device, not a regular file.
-
-    Attributes:
-        reason: What it is and what to do, without the path.
-    """
-
-    def __init__(self, path: str, reason: str):
-        super().__init__(f"{path}: {reason}")
-        self.reason = reason
 
 
 def _not_regular_reason(mode: int) -> str:

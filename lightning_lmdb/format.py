@@ -79,6 +79,7 @@ import lmdb
 import numpy as np
 
 from lightning_lmdb.codec import STORAGES
+from lightning_lmdb.errors import DatabaseError
 
 FORMAT_NAME = "lightning_lmdb"
 FORMAT_VERSION = 2
@@ -98,10 +99,6 @@ ARRAYS: dict[str, tuple[bytes, str, int, int]] = {
     "paths": (b"meta/paths", "u1", 0, 0),  # a blob: its length is given by the offsets
     "path_offsets": (b"meta/path-offsets", "<i8", 1, 1),
 }
-
-
-class DatabaseError(RuntimeError):
-    """A file is not a usable lightning_lmdb database: incomplete, foreign, too new or damaged."""
 
 
 def record_key(index: int) -> bytes:

@@ -70,6 +70,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_lmdb.errors import NetfsError, NetfsUnavailableError, OptionError
+
 #: What to install where FUSE is missing.
 INSTALL_HINT = ("install FUSE 3 (Debian/Ubuntu: apt-get install fuse3; it needs /dev/fuse, e.g. docker run --device /dev/fuse "
                 "--cap-add SYS_ADMIN) and the Python binding (pip install 'lightning_lmdb[netfs]')")
@@ -83,14 +85,6 @@ _PARENT_POLL_S = 0.5
 _SERVER_NICE = -10
 #: How long the kernel trusts a name's lookup and a file's attributes (then asks again: a round trip).
 CACHE_TIMEOUT_S = 1.0
-
-
-class NetfsError(RuntimeError):
-    """A latency mount could not be made or kept (the message says why)."""
-
-
-class NetfsUnavailableError(NetfsError):
-    """FUSE cannot be used here: the message says what is missing and what to install."""
 
 
 def _fusermount() -> str | None:
@@ -414,15 +408,15 @@ def mount(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str], *,
     if not source.is_dir():
         raise FileNotFoundError(f"Cannot serve {str(source)!r}: it is not a folder. Pass the folder to put behind the latency mount.")
     if latency_ms < 0 or jitter_ms < 0 or (bandwidth_mb_s is not None and bandwidth_mb_s <= 0) or max_threads < 1:
-        raise ValueError(f"latency_ms={latency_ms}, jitter_ms={jitter_ms} must be >= 0, bandwidth_mb_s={bandwidth_mb_s} > 0 or None, "
+        raise OptionError(f"latency_ms={latency_ms}, jitter_ms={jitter_ms} must be >= 0, bandwidth_mb_s={bandwidth_mb_s} > 0 or None, "
                          f"max_threads={max_threads} >= 1.")
     if target == source or target.is_relative_to(source):
-        raise ValueError(f"Mount point {str(target)!r} lies inside the folder it would serve ({str(source)!r}); choose one outside it.")
+        raise OptionError(f"Mount point {str(target)!r} lies inside the folder it would serve ({str(source)!r}); choose one outside it.")
     if is_mounted(target):
         _unmount(target)  # left by a run that died
     target.mkdir(parents=True, exist_ok=True)
     if any(target.iterdir()):
-        raise ValueError(f"Mount point {str(target)!r} is not empty; FUSE mounts on an empty folder only. Choose or empty another one.")
+        raise OptionError(f"Mount point {str(target)!r} is not empty; FUSE mounts on an empty folder only. Choose or empty another one.")
     command = [sys.executable, "-m", "lightning_lmdb.netfs", "serve", str(source), str(target), "--latency-ms", str(latency_ms),
                "--jitter-ms", str(jitter_ms), "--max-threads", str(max_threads), "--parent-pid", str(os.getpid())]
     if bandwidth_mb_s is not None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, STORAGES
+from lightning_lmdb.errors import OptionError
 
 Storage = Literal["encoded", "decoded"]
 OnError = Literal["raise", "skip"]
@@ -76,25 +77,25 @@ class BuildOptions:
         for name, choices in CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
-                raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}.")
+                raise OptionError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}.")
         if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0):
-            raise ValueError(f"workers={self.workers!r} must be an integer >= 0 (0 reads in this process, None uses every core).")
+            raise OptionError(f"workers={self.workers!r} must be an integer >= 0 (0 reads in this process, None uses every core).")
         bad_pixels = isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1
         if self.max_pixels is not None and bad_pixels:
-            raise ValueError(f"max_pixels={self.max_pixels!r} must be a positive integer, or None for no limit.")
+            raise OptionError(f"max_pixels={self.max_pixels!r} must be a positive integer, or None for no limit.")
         if self.resize is not None and (isinstance(self.resize, bool) or not isinstance(self.resize, int) or self.resize < 1):
-            raise ValueError(f"resize={self.resize!r} must be a positive integer (the shorter side to shrink to), or None.")
+            raise OptionError(f"resize={self.resize!r} must be a positive integer (the shorter side to shrink to), or None.")
         if isinstance(self.quality, bool) or not isinstance(self.quality, int) or not 1 <= self.quality <= 100:
-            raise ValueError(f"quality={self.quality!r} must be an integer from 1 to 100 (JPEG quality of resized images).")
+            raise OptionError(f"quality={self.quality!r} must be an integer from 1 to 100 (JPEG quality of resized images).")
         if isinstance(self.commit_every, bool) or not isinstance(self.commit_every, int) or self.commit_every < 1:
-            raise ValueError(f"commit_every={self.commit_every!r} must be an integer >= 1.")
+            raise OptionError(f"commit_every={self.commit_every!r} must be an integer >= 1.")
         if self.shards is not None and (isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 1):
-            raise ValueError(f"shards={self.shards!r} must be an integer >= 1 (shard files of the folder), or None for one file.")
+            raise OptionError(f"shards={self.shards!r} must be an integer >= 1 (shard files of the folder), or None for one file.")
         if self.shard is not None:
             if self.shards is None:
-                raise ValueError(f"shard={self.shard!r} needs shards= (the shard count): e.g. shard=0, shards=4 (CLI: --shard 0/4).")
+                raise OptionError(f"shard={self.shard!r} needs shards= (the shard count): e.g. shard=0, shards=4 (CLI: --shard 0/4).")
             if isinstance(self.shard, bool) or not isinstance(self.shard, int) or not 0 <= self.shard < self.shards:
-                raise ValueError(f"shard={self.shard!r} must be an integer from 0 to {self.shards - 1} (shards={self.shards}).")
+                raise OptionError(f"shard={self.shard!r} must be an integer from 0 to {self.shards - 1} (shards={self.shards}).")
 
     def content(self) -> dict[str, Any]:
         """The options that shape the contents (:data:`CONTENT_OPTIONS`), as stored in the metadata.

@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from lightning_lmdb.errors import OptionError, ResumeError
+
 #: The training order: ``True`` (exact shuffle), ``False`` (in order) or ``"block"`` (block shuffle).
 Shuffle = bool | Literal["block"]
 #: Records per block of a block shuffle over a dataset that does not say (no ``block_size`` attribute).
@@ -51,7 +53,7 @@ _MUST_MATCH_IF_SAVED = ("block_size", "window")
 
 def _positive(name: str, value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer ({what}).")
+        raise OptionError(f"{name}={value!r} must be a positive integer ({what}).")
     return int(value)
 
 
@@ -101,7 +103,7 @@ class ResumableSampler(DistributedSampler):
         window: int = DEFAULT_WINDOW,
     ):
         if not (isinstance(shuffle, bool) or (isinstance(shuffle, str) and shuffle == "block")):
-            raise ValueError(f"shuffle={shuffle!r} is not one of True, False, 'block'.")
+            raise OptionError(f"shuffle={shuffle!r} is not one of True, False, 'block'.")
         if block_size is None:
             block_size = (getattr(dataset, "block_size", None) if shuffle == "block" else None) or DEFAULT_BLOCK_SIZE
         self.block_size = _positive("block_size", block_size, "records per block of shuffle='block'")
@@ -262,7 +264,7 @@ class ResumableDataLoader(DataLoader):
         if differ:
             how = (f"Restore the database of build {then} (lightning-lmdb info shows a database's build_id)" if rebuilt
                    else "Resume with the same settings (e.g. the same number of devices)")
-            raise ValueError(
+            raise ResumeError(
                 "Cannot resume the training loader mid-epoch: it was saved with " + "; ".join(differ) + ". The remaining "
                 f"samples of that epoch are only defined for the same split of the same database. {how}, or start a fresh "
                 "epoch from the checkpoint's weights (load the model with Model.load_from_checkpoint and call fit without ckpt_path)."

@@ -52,6 +52,7 @@ import numpy as np
 
 from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
+from lightning_lmdb.errors import OptionError
 from lightning_lmdb.options import CONTENT_OPTIONS
 
 MANIFEST_NAME = "manifest.json"
@@ -87,7 +88,7 @@ def shard_ranges(sizes: Sequence[int], shards: int) -> list[tuple[int, int]]:
     """
     count = len(sizes)
     if not 1 <= shards <= count:
-        raise ValueError(f"shards={shards} must be from 1 to the {count} files of the scan.")
+        raise OptionError(f"shards={shards} must be from 1 to the {count} files of the scan.")
     ends = list(itertools.accumulate((max(size, 0) + FILE_COST_BYTES for size in sizes), initial=0))  # ends[j]: work of files[:j]
     cuts = [0]
     for k in range(1, shards):

@@ -41,6 +41,7 @@ from typing import Any
 from lightning_lmdb import format as fmt
 from lightning_lmdb import shards
 from lightning_lmdb.envs import load_meta
+from lightning_lmdb.errors import OptionError, StagingError
 from lightning_lmdb.writer import DiskFullError
 
 #: Bytes hashed (and recorded as done) at a time.
@@ -49,10 +50,6 @@ _READ_SIZE = 1 << 20
 _RECORD_FORMAT = 1
 #: Test hook: ``LIGHTNING_LMDB_TEST_STAGE_KILL_AFTER=N`` kills the process once N blocks are recorded.
 FAULT_ENV = "LIGHTNING_LMDB_TEST_STAGE_KILL_AFTER"
-
-
-class StagingError(RuntimeError):
-    """A staged copy did not read back equal to its source (the message names the file and the block)."""
 
 
 @dataclass
@@ -115,9 +112,9 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
         return _stage_sharded(source, local_dir, block_size, started)
     target = staged_path(source, local_dir)
     if block_size < 1:
-        raise ValueError(f"block_size={block_size} must be >= 1 byte.")
+        raise OptionError(f"block_size={block_size} must be >= 1 byte.")
     if target.parent.resolve() == source.parent.resolve():
-        raise ValueError(f"local_dir {str(target.parent)!r} holds the database {str(source)!r} itself; stage it to another folder.")
+        raise OptionError(f"local_dir {str(target.parent)!r} holds the database {str(source)!r} itself; stage it to another folder.")
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.with_name(target.name + ".staging.lock")):
         identity = _Identity.of(source)
@@ -144,7 +141,7 @@ def _stage_sharded(source: Path, local_dir: str | os.PathLike[str], block_size: 
     manifest = shards.manifest_of(source)
     target = staged_path(source, local_dir)
     if target.absolute() == source or target.resolve() == source.resolve():
-        raise ValueError(f"local_dir {str(Path(local_dir))!r} holds the database {str(source)!r} itself; stage it to another folder.")
+        raise OptionError(f"local_dir {str(Path(local_dir))!r} holds the database {str(source)!r} itself; stage it to another folder.")
     target.mkdir(parents=True, exist_ok=True)
     identities = [_Identity.of(Path(part.path)) for part in manifest.parts]
     have = sum(_local_bytes(staged_path(i.source, target), i) for i in identities)

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from lightning_lmdb import envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
+from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, SourceError, StaleDatabaseError
 from lightning_lmdb.folder import NotRegularFileError, PrefixFingerprint, SourceScan, read_file, scan_folder
 from lightning_lmdb.options import CONTENT_OPTIONS, BuildOptions
 
@@ -44,18 +45,6 @@ log = logging.getLogger(__name__)
 
 _BATCH_BYTES = 64 << 20
 _MIN_MAP_SIZE = 16 << 20
-
-
-class BuildError(ValueError):
-    """A source file could not be packed (with ``on_error="raise"``), or a sharded build's shard process died (a rerun resumes)."""
-
-
-class StaleDatabaseError(fmt.DatabaseError):
-    """The target was built from a source that has changed since (with ``on_stale="error"``)."""
-
-
-class DiskFullError(OSError):
-    """The disk holding the database filled up during a build (``errno.ENOSPC``); a rerun with space resumes."""
 
 
 #: Test-only fault injection: ``commit:N`` (after the N-th batch commit), ``final`` (inside the final
@@ -168,7 +157,7 @@ def _checked_target(source_root: Path, target: str | os.PathLike[str]) -> Path:
     """``target`` made absolute; refused inside the source (it would be scanned as images). Nothing is created."""
     target = Path(target).expanduser().absolute()
     if target.resolve() == source_root or target.resolve().is_relative_to(source_root):
-        raise ValueError(f"Target {str(target)!r} lies inside the source {str(source_root)!r}; put the database outside the image folder.")
+        raise SourceError(f"Target {str(target)!r} lies inside the source {str(source_root)!r}; put the database outside the image folder.")
     return target
 
 
@@ -192,7 +181,7 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     folder = _checked_target(source_root, target)
     bad = [i for i in indices or [] if not 0 <= i < count_of]
     if bad:
-        raise ValueError(f"shard indices {bad} out of range for shards={count_of} (0 to {count_of - 1}).")
+        raise OptionError(f"shard indices {bad} out of range for shards={count_of} (0 to {count_of - 1}).")
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{str(folder)!r} is a file (a single-file database?); a sharded build makes a folder there. Remove it "
                               "or choose another target. It is left untouched.")
@@ -204,7 +193,7 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
         return BuildReport(folder, "up-to-date", 0, existing[0].count, existing[0].skipped)
     scan = scan_folder(source_root)
     if count_of > len(scan.files):
-        raise ValueError(f"shards={count_of} is more than the {len(scan.files)} images of {str(source_root)!r}; choose at most "
+        raise OptionError(f"shards={count_of} is more than the {len(scan.files)} images of {str(source_root)!r}; choose at most "
                          f"{len(scan.files)}.")
     if existing is not None and not options.overwrite:
         meta, built_with = existing
@@ -288,6 +277,7 @@ def _build_in_shard_processes(jobs: list[_ShardJob], options: BuildOptions, work
 
 def _shard_process(job: _ShardJob, options: BuildOptions, sender: Connection) -> None:
     """The body of a shard process: build the shard and send back ``("report", BuildReport)`` or ``("error", exception)``."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's terminate() ends it, whatever handler it inherited
     try:
         result: tuple[str, Any] = ("report", _build_shard(job, options))
     except Exception as exc:  # noqa: BLE001 - raised again by the parent
@@ -728,6 +718,16 @@ def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIX
     return bad
 
 
+def _start_reader() -> None:
+    """A reader process's start: SIGTERM's default action (the pool's terminate must end it) and the palette warning off.
+
+    A forked reader inherits its parent's Python SIGTERM handler -- Lightning's, which only sets a flag, or a latency
+    mount's -- and a pool that stops early (a bad file, Ctrl-C) would then wait forever for readers that do not end.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _ignore_palette_warning()
+
+
 def _ignore_palette_warning() -> None:
     """Silence Pillow's "Palette images with Transparency expressed in bytes" warning in this process's filters.
 
@@ -749,5 +749,5 @@ def _read_files(tasks: list[_Task], workers: int) -> Iterator[Iterator[tuple[int
         return
     # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image.
     chunksize = max(1, min(64, len(tasks) // (4 * workers)))
-    with multiprocessing.get_context().Pool(workers, initializer=_ignore_palette_warning) as pool:
+    with multiprocessing.get_context().Pool(workers, initializer=_start_reader) as pool:
         yield pool.imap(_read_one, tasks, chunksize=chunksize)

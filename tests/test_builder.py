@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import shutil
+import signal
 import warnings
 from pathlib import Path
 
@@ -137,6 +139,32 @@ def test_bad_files_raise_naming_the_file(tmp_path: Path) -> None:
         assert str(single / relpath) in str(excinfo.value)
         assert "on_error='skip'" in str(excinfo.value)
         assert not (tmp_path / f"{Path(relpath).stem}.lmdb").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shard_count", [None, 2])
+def test_builder_processes_end_under_a_parent_sigterm_handler_that_only_sets_a_flag(tmp_path: Path, shard_count: int | None) -> None:
+    """Readers and shard processes forked from a process whose SIGTERM handler does not exit (Lightning's sets a flag)
+    still end when the build stops them early: the build raises instead of waiting for them forever."""
+    source = make_jpegs(tmp_path / "src", 40)
+    (source / "c0" / "img_00000.jpg").write_bytes(b"not an image")  # the first file: the pool stops at once, readers busy
+    flagged: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: flagged.append(signum))
+    try:
+        with pytest.raises(BuildError, match="img_00000.jpg"):
+            build(source, tmp_path / "out.lmdb", workers=2, progress=False, shards=shard_count, commit_every=2)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert flagged == [], "the SIGTERMs went to the builder's processes, not to this one"
+
+
+def test_reader_processes_start_with_sigterms_default_action() -> None:
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as Lightning's flag-setting handler
+    try:
+        with multiprocessing.get_context("fork").Pool(1, initializer=writer._start_reader) as pool:
+            assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL, "a reader that a terminate() cannot end"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_bad_files_are_skipped_and_recorded(tmp_path: Path) -> None:

@@ -294,7 +294,7 @@ def test_cli_sigint_handler_is_scoped(tmp_path: Path, monkeypatch: pytest.Monkey
 
     def build(*args: object, **kwargs: object) -> None:
         seen.append(signal.getsignal(signal.SIGINT))
-        raise ValueError("stop here")
+        raise lightning_lmdb.BuildError("stop here")
 
     monkeypatch.setattr(writer, "build", build)
     assert main(["build", str(tmp_path), str(tmp_path / "x.lmdb")]) == 2
@@ -449,3 +449,38 @@ def test_info_and_verify_import_neither_torch_nor_torchvision(built: tuple[Path,
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines()[-1] == "[]", "info and verify (no --source) must not import torch or torchvision"
     assert ": 40 of 40 records checked (checksums only" in result.stdout
+
+
+@pytest.mark.parametrize("raised", [ValueError("a bug's message"), KeyError("a bug")])
+def test_cli_shows_the_traceback_of_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                          raised: Exception) -> None:
+    """Only the project's errors, OSError and lmdb.Error are one line: a bare ValueError raised inside is a bug, not bad input."""
+    database = lightning_lmdb.build_lmdb(make_jpegs(tmp_path / "src", 3), tmp_path / "db.lmdb", workers=0, progress=False)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(verify, "describe_lmdb", broken)
+    with pytest.raises(type(raised)) as excinfo:  # out of main(): the console script prints its traceback
+        main(["info", str(database)])
+    assert excinfo.value is raised
+    monkeypatch.setattr(verify, "describe_lmdb", lambda *a, **k: (_ for _ in ()).throw(lightning_lmdb.DatabaseError("damaged")))
+    assert main(["info", str(database)]) == 2
+    assert capsys.readouterr().err.strip().endswith("damaged"), "a project error is one line"
+
+
+def test_every_project_error_derives_from_the_one_base() -> None:
+    import importlib
+    import inspect
+    import pkgutil
+
+    from lightning_lmdb import errors
+
+    found = set()
+    for module in pkgutil.walk_packages(lightning_lmdb.__path__, "lightning_lmdb."):
+        for _, cls in inspect.getmembers(importlib.import_module(module.name), inspect.isclass):
+            if issubclass(cls, BaseException) and cls.__module__.startswith("lightning_lmdb"):
+                found.add(cls)
+    assert found >= {getattr(errors, name) for name in errors.__all__}
+    assert [cls.__name__ for cls in found if not issubclass(cls, lightning_lmdb.LightningLMDBError)] == []
+    assert "LightningLMDBError" in lightning_lmdb.__all__

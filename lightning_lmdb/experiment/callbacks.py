@@ -77,6 +77,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import ConcatDataset, Subset
 
+from lightning_lmdb.errors import OptionError
 from lightning_lmdb.loadstats import LoaderStats, ProcessLoad
 from lightning_lmdb.writer import usable_cpus
 
@@ -261,7 +262,7 @@ class PerfMonitor(pl.Callback):
                  backend: str | None = None, meta: Mapping[str, Any] | None = None,
                  gpu_sample_interval_s: float = 0.1, verbose: bool = True) -> None:
         if gpu_sample_interval_s <= 0:
-            raise ValueError(f"gpu_sample_interval_s={gpu_sample_interval_s!r} must be > 0; "
+            raise OptionError(f"gpu_sample_interval_s={gpu_sample_interval_s!r} must be > 0; "
                              "HINT: 0.1 samples ten times a second.")
         self.summary_path = Path(summary_path) if summary_path is not None else None
         self.backend = backend

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from lightning_lmdb.errors import OptionError
+
 MARKER_NAME = ".demo_complete.json"
 DEMO_VERSION = 1
 _PARTIAL = ".partial-"
@@ -57,7 +59,7 @@ def make_demo_dataset(root: str | os.PathLike[str], *, num_classes: int = 10,
         FileExistsError: ``root`` holds something else, or a demo made with other arguments.
     """
     if num_classes < 1 or images_per_class < 1:
-        raise ValueError(f"num_classes={num_classes} and images_per_class={images_per_class} "
+        raise OptionError(f"num_classes={num_classes} and images_per_class={images_per_class} "
                          "must both be >= 1.")
     root = Path(root)
     params = {"version": DEMO_VERSION, "num_classes": num_classes,

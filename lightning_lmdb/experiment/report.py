@@ -35,6 +35,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from lightning_lmdb.errors import OptionError, SourceError
+
 SUMMARY_NAME = "perf_summary.json"
 REFERENCE_BACKEND = "raw"
 #: A run whose training loop waits for data this share of each epoch or more is data-bound.
@@ -81,9 +83,9 @@ def load_summaries(multirun_dir: str | os.PathLike[str]) -> list[dict[str, Any]]
         try:
             summary = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON ({exc}); delete it or rerun that run.") from exc
+            raise SourceError(f"{path} is not valid JSON ({exc}); delete it or rerun that run.") from exc
         if not isinstance(summary, dict) or not isinstance(summary.get("epochs"), list):
-            raise ValueError(f"{path} has no 'epochs' list; it was not written by PerfMonitor.")
+            raise SourceError(f"{path} has no 'epochs' list; it was not written by PerfMonitor.")
         summary["path"] = str(path)
         summaries.append(summary)
     _add_labels(summaries)
@@ -222,7 +224,7 @@ def _storage_line(raw_label: str, raw: list[dict[str, Any]], label: str, runs: l
 def comparison_table(summaries: Sequence[dict[str, Any]]) -> str:
     """The verdict, then a side-by-side table: one column per arm, median ± spread, epoch 0 and later epochs apart."""
     if not summaries:
-        raise ValueError("summaries is empty; HINT: load them with load_summaries(multirun_dir).")
+        raise OptionError("summaries is empty; HINT: load them with load_summaries(multirun_dir).")
     grouped = arms(summaries)
     runs_per_arm = [len(runs) for runs in grouped.values()]
     warm_n = max((len(s["epochs"]) - 1 for s in summaries), default=0)

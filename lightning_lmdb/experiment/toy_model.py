@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from lightning_lmdb.errors import SourceError
+
 
 class ToyCNN(pl.LightningModule):
     """Three strided conv blocks, global average pooling and a linear head.
@@ -28,7 +30,7 @@ class ToyCNN(pl.LightningModule):
     def __init__(self, num_classes: int, width: int = 32, lr: float = 3e-3, weight_decay: float = 1e-4):
         super().__init__()
         if num_classes < 1:
-            raise ValueError(
+            raise SourceError(
                 f"num_classes={num_classes}: the data has no classes (a flat folder?). Use a folder with one subfolder per class."
             )
         self.save_hyperparameters()
