@@ -85,7 +85,7 @@ def _labels(loader: DataLoader) -> list[int]:
     return [int(t) for _, targets in loader for t in targets]
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("context", ["fork", *(pytest.param(c, marks=pytest.mark.slow) for c in ("spawn", "forkserver"))])
 def test_dataloader_workers_under_every_start_method(folder_and_dbs, context: str) -> None:
     source, dbs = folder_and_dbs
     dataset = LMDBImageDataset(dbs["encoded"], transform=eval_transform(16))
