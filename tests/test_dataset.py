@@ -85,7 +85,8 @@ def _labels(loader: DataLoader) -> list[int]:
     return [int(t) for _, targets in loader for t in targets]
 
 
-@pytest.mark.parametrize("context", ["fork", *(pytest.param(c, marks=pytest.mark.slow) for c in ("spawn", "forkserver"))])
+# spawn: tests/test_shards.py and tests/test_loader_stats.py run spawned workers too
+@pytest.mark.parametrize("context", ["fork", pytest.param("forkserver", marks=pytest.mark.slow)])
 def test_dataloader_workers_under_every_start_method(folder_and_dbs, context: str) -> None:
     source, dbs = folder_and_dbs
     dataset = LMDBImageDataset(dbs["encoded"], transform=eval_transform(16))

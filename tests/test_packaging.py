@@ -79,3 +79,12 @@ def test_stage_is_importable_from_the_package() -> None:
     from lightning_lmdb.staging import stage as documented
 
     assert stage is documented and "stage" in lightning_lmdb.__all__
+
+
+def test_ci_runs_the_readmes_test_command_and_the_quick_start_has_two_commands() -> None:
+    root = Path(__file__).resolve().parents[1]
+    command = (root / ".ci" / "run").read_text().strip().splitlines()[-1]
+    readme = (root / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = [block.split("```", 1)[0].strip() for block in quick_start.split("```bash\n")[1:]]
+    assert blocks == [blocks[0], command] and blocks[0].endswith("python train.py data=lmdb"), blocks
