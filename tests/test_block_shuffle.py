@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ci import require
 from imagegen import make_jpegs
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -289,7 +290,7 @@ def test_records_are_located_from_their_leaf_nodes_without_reading_them(database
         located = [blockread._locate(cursor, row, psize, os.stat(database).st_size) for row in range(COUNT)]
     assert located == truth, "offset and size of every record, as the memory map has them"
     if not _evicted(database):
-        pytest.skip(f"{database} stays cached after posix_fadvise(DONTNEED) (tmpfs or a network filesystem?)")
+        require(False, f"{database} stays cached after posix_fadvise(DONTNEED) (tmpfs or a network filesystem?)")
     pages = _record_pages(database, range(COUNT))
     assert _evicted(database)
     opened = envs.shared(database, readahead=False)
@@ -308,7 +309,7 @@ def _evicted(path: Path) -> bool:
 
 def test_reading_one_record_leaves_its_whole_block_cached(database: Path) -> None:
     if not _evicted(database):
-        pytest.skip(f"{database} stays cached after posix_fadvise(DONTNEED) (tmpfs or a network filesystem?)")
+        require(False, f"{database} stays cached after posix_fadvise(DONTNEED) (tmpfs or a network filesystem?)")
     size = 8
     pages = _record_pages(database, range(COUNT))
     block, far = 4, 10  # the block read, and one never touched (both away from the pages an open reads)
@@ -345,7 +346,7 @@ def test_block_reads_of_a_sharded_database_read_each_shards_part(database: Path,
     envs.close_all()
     cache.evict(files, sync=True)
     if max(cache.resident_fraction(f) for f in files) > 0.05:
-        pytest.skip("eviction is not honoured on this filesystem")
+        require(False, "eviction is not honoured on this filesystem (tmpfs or a network filesystem?)")
     blocked = LMDBImageDataset(folder, readahead=False).read_blocks(True, block_size=30)
     blocked[45]  # block 1: records 30-59, shard 0's last 10 and shard 1's first 20
     envs.close_all()

@@ -16,6 +16,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from ci import require
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from imagegen import make_jpegs
@@ -507,7 +508,7 @@ def read_only_dir(tmp_path: Path):
     try:
         netfs.check_available()
     except netfs.NetfsUnavailableError as exc:
-        pytest.skip(f"FUSE unavailable: {exc}")
+        require(False, f"FUSE unavailable (the read-only file system here is a latency mount): {exc}")
     (tmp_path / "ro_src").mkdir()
     with netfs.mounted(tmp_path / "ro_src", tmp_path / "ro", latency_ms=0) as mount:
         yield mount.path

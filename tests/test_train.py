@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ci import require
 from hydra import compose, initialize_config_dir
 from imagegen import make_jpegs
 
@@ -198,7 +199,7 @@ def test_a_read_only_cache_dir_is_one_line_naming_it(tmp_path: Path, train_modul
     try:
         netfs.check_available()
     except netfs.NetfsUnavailableError as exc:
-        pytest.skip(f"FUSE unavailable: {exc}")
+        require(False, f"FUSE unavailable (the read-only file system here is a latency mount): {exc}")
     (tmp_path / "ro_src").mkdir()
     source = make_jpegs(tmp_path / "src", 4, size=16)
     with netfs.mounted(tmp_path / "ro_src", tmp_path / "ro", latency_ms=0) as read_only:  # writes fail with EROFS, even for root
