@@ -18,12 +18,14 @@ Per-process cost that does not grow with the dataset (measured at ImageNet's 1,2
   recomputed from the record count in each process -- not a row list; each process reads the targets
   back from the database (a few MB, checked against their digest).
 
-Where a sample's time goes (:mod:`lightning_lmdb.loadstats`): every dataset object carries a small table in shared
-memory (one row per process: the owner and each DataLoader worker, ~10 KB, created with the dataset so
-that it reaches workers started at any time -- ``fork`` inherits it, ``spawn`` / ``forkserver`` receive
-it with the dataset). ``__getitem__`` adds its read, decode and transform times (a few
-``time.perf_counter()`` calls, ~2 us a sample) and the process's CPU time to its own row. Only a pickle
-made to start a process carries the table; any other pickle drops it (and stays as compact as before).
+Where a sample's time goes (:mod:`lightning_lmdb.loadstats`) is measured only once :meth:`enable_loader_stats`
+is called (``PerfMonitor`` does it): off, a dataset holds no stats table and ``__getitem__`` neither times
+nor page-touches its sample (one ``None`` check). On, the dataset carries a small table in shared memory
+(one row per process: the owner and each DataLoader worker, ~10 KB) that reaches the workers started
+afterwards -- ``fork`` inherits it, ``spawn`` / ``forkserver`` receive it with the dataset -- and
+``__getitem__`` adds its read, decode and transform times (a few ``time.perf_counter()`` calls, ~2 us a
+sample) and the process's CPU time to its own row. Only a pickle made to start a process carries the
+table; any other pickle drops it (and stays as compact as before).
 
 LMDB environments (each point is a failure of the usual recipe, measured with py-lmdb 3.0):
 
@@ -71,8 +73,6 @@ from lightning_lmdb.folder import read_file, scan_folder
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
 from lightning_lmdb.transforms import ResizedCrop
 
-#: Close every database environment of this process (they reopen lazily); also runs before every fork.
-close_environments = envs.close_all
 #: Paths of the database environments open in this process.
 open_environments = envs.open_paths
 
@@ -131,7 +131,8 @@ class _ImageDataset(Dataset):
 
     A view is a chain of steps applied to all records: a :class:`Split`, or an explicit index array.
     The rows it selects are computed once per process (:meth:`_view_rows`) and never pickled.
-    Each dataset object (each view too) has its own :class:`LoaderStats`.
+    Loader statistics are off until :meth:`enable_loader_stats`; a view of a dataset with them on gets
+    a :class:`LoaderStats` of its own.
 
     Attributes:
         decoder: How records become pixels (see :mod:`lightning_lmdb.decoders`); change with :meth:`set_decoding`.
@@ -140,7 +141,7 @@ class _ImageDataset(Dataset):
             (:mod:`lightning_lmdb.batchdecode`; the transform must be a ``ResizedCrop``).
     """
 
-    _stats: LoaderStats | None = None  # None: unpickled outside a process start (or an old pickle)
+    _stats: LoaderStats | None = None  # None: off (the default; also a copy unpickled outside a process start)
     _block_reads: blockread.BlockReads | None = None  # None: off (LMDBImageDataset.read_blocks)
     decoder: str = "pil"
     decode_size: int | None = None
@@ -164,7 +165,6 @@ class _ImageDataset(Dataset):
         self._count = count
         self._steps: tuple[Split | np.ndarray, ...] = ()
         self._rows: np.ndarray | None = None  # cache of the view's rows (None: every record)
-        self._stats = LoaderStats()
         if indices is not None:
             self._steps = (self._checked(indices, count),)
 
@@ -200,7 +200,7 @@ class _ImageDataset(Dataset):
         clone.__dict__.update(self.__dict__)
         clone._steps = self._steps if step is None else (*self._steps, step)
         clone._rows = None
-        clone._stats = LoaderStats()
+        clone._stats = None if self._stats is None else LoaderStats()
         clone.transform = transform
         return clone
 
@@ -254,11 +254,14 @@ class _ImageDataset(Dataset):
 
     @property
     def loader_stats(self) -> LoaderStats | None:
-        """Where this dataset's sample time goes, per process (``None`` for a copy unpickled outside a process start)."""
+        """Where this dataset's sample time goes, per process; ``None`` while off (see :meth:`enable_loader_stats`)."""
         return self._stats
 
     def enable_loader_stats(self) -> LoaderStats:
-        """This dataset's :class:`LoaderStats`, created if it has none (workers already started do not report into it)."""
+        """Turn loader statistics on: this dataset's :class:`LoaderStats`, created if it has none.
+
+        Workers started before this call do not report into it; views made afterwards have stats of their own.
+        """
         if self._stats is None:
             self._stats = LoaderStats()
         return self._stats
@@ -278,22 +281,36 @@ class _ImageDataset(Dataset):
         return table.tolist() if rows is None else [table[int(r)] for r in rows]
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        stats = self._stats
-        marks: list[float] | None = None if stats is None else [time.perf_counter()]
-        row = self._row(index)
-        if self._block_reads is not None:  # the first sample of a block reads all of it (lightning_lmdb.blockread)
-            self._block_reads.before_load(self, index)
-        target: Any = int(self._all_targets()[row])
+        if self._stats is not None:
+            return self._measured_item(index, self._stats)
+        row = self._start_load(index)
+        return self._transformed(self._load(row), row)
+
+    def _measured_item(self, index: int, stats: LoaderStats) -> tuple[Any, Any]:
+        """``self[index]``, booking its read, decode and transform time in ``stats``."""
+        marks = [time.perf_counter()]
+        row = self._start_load(index)
         image = self._load(row, marks)
-        if marks is not None:
-            marks.append(time.perf_counter())
+        marks.append(time.perf_counter())
+        sample = self._transformed(image, row)
+        start, read, decoded = marks if len(marks) == 3 else (marks[0], marks[0], marks[-1])
+        stats.record(read - start, decoded - read, time.perf_counter() - decoded)
+        return sample
+
+    def _start_load(self, index: int) -> int:
+        """The record of sample ``index``; the first sample of a block reads all of it (:mod:`lightning_lmdb.blockread`)."""
+        row = self._row(index)
+        if self._block_reads is not None:
+            self._block_reads.before_load(self, index)
+        return row
+
+    def _transformed(self, image: Any, row: int) -> tuple[Any, Any]:
+        """``(image, target)`` of record ``row`` after ``transform`` and ``target_transform``."""
+        target: Any = int(self._all_targets()[row])
         if self.transform is not None and not isinstance(image, Deferred):
             image = self.transform(image)
         if self.target_transform is not None:
             target = self.target_transform(target)
-        if stats is not None and marks is not None:
-            start, read, decoded = marks if len(marks) == 3 else (marks[0], marks[0], marks[-1])
-            stats.record(read - start, decoded - read, time.perf_counter() - decoded)
         return image, target
 
     def _all_targets(self) -> np.ndarray:
@@ -545,10 +562,10 @@ class RawImageDataset(_ImageDataset):
         super().__init__(scan.classes, scan.class_to_idx, len(kept), transform, target_transform, indices, decoder, decode_size)
 
     @classmethod
-    def from_database(
+    def from_metadata(
         cls,
         root: str | os.PathLike[str],
-        database: str | os.PathLike[str],
+        meta: fmt.Metadata,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         *,
@@ -561,28 +578,13 @@ class RawImageDataset(_ImageDataset):
         This is the raw side of an A/B that must differ in storage alone: a database built with
         ``on_error="skip"`` leaves bad files out, and this dataset leaves out exactly the same ones.
 
-        Raises:
-            FileNotFoundError, DatabaseError: As :class:`LMDBImageDataset`.
-        """
-        try:
-            meta = shards.load_meta(database, arrays=True)
-        except lmdb.Error as exc:
-            raise envs.damaged(database, exc) from exc
-        return cls.from_metadata(root, meta, transform, target_transform, decoder=decoder, decode_size=decode_size, indices=indices)
+        Args:
+            root: The image folder the database was built from.
+            meta: The database's metadata, read with ``arrays=True`` (e.g. ``shards.load_meta(path, arrays=True)``).
 
-    @classmethod
-    def from_metadata(
-        cls,
-        root: str | os.PathLike[str],
-        meta: fmt.Metadata,
-        transform: Callable[[Any], Any] | None = None,
-        target_transform: Callable[[int], Any] | None = None,
-        *,
-        decoder: str = "pil",
-        decode_size: int | None = None,
-        indices: Sequence[int] | None = None,
-    ) -> RawImageDataset:
-        """As :meth:`from_database`, from metadata already read with ``arrays=True``."""
+        Raises:
+            ValueError: ``meta`` was read without the paths.
+        """
         if meta.paths is None:
             raise ValueError("from_metadata needs metadata read with arrays=True (the paths).")
         dataset = cls.__new__(cls)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,11 +126,12 @@ def test_each_stage_books_its_own_time(data, monkeypatch: pytest.MonkeyPatch, ki
     if stage in STAGE_CALLS:
         name = STAGE_CALLS[stage][kind == "raw"]
         monkeypatch.setattr(dataset_module, name, _slowed(getattr(dataset_module, name)))
+    stats = dataset.enable_loader_stats()
     dataset[0]  # opening the database, first imports: outside the period
     LoaderStats.next_period()
     for i in range(STAGE_SAMPLES):
         dataset[i]
-    (load,) = dataset.loader_stats.processes()
+    (load,) = stats.processes()
     assert load.slot == 0 and load.samples == STAGE_SAMPLES
     booked = {"read": load.read_s, "decode": load.decode_s, "transform": load.transform_s}
     injected = STAGE_SAMPLES * STAGE_SLEEP_S
@@ -149,6 +151,7 @@ def test_cpu_time_is_the_processes_own(data) -> None:
             return eval_transform(16)(image)
 
     dataset = LMDBImageDataset(data[1], transform=Spin())
+    dataset.enable_loader_stats()
     dataset[0]
     LoaderStats.next_period()
     for i in range(STAGE_SAMPLES):
@@ -157,11 +160,31 @@ def test_cpu_time_is_the_processes_own(data) -> None:
     assert load.cpu_s >= STAGE_SAMPLES * STAGE_SLEEP_S and load.transform_s >= STAGE_SAMPLES * STAGE_SLEEP_S, load
 
 
+def _raise(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("loader statistics are off: nothing may time, page-touch or record a sample")
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "raw"])
+def test_stats_are_off_by_default_and_cost_nothing(data, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    source, database = data
+    monkeypatch.setattr(dataset_module, "LoaderStats", _raise)  # no stats table is allocated
+    monkeypatch.setattr(dataset_module, "touch_pages", _raise)  # no page touch
+    monkeypatch.setattr(dataset_module, "time", types.SimpleNamespace(perf_counter=_raise))  # no timing
+    monkeypatch.setattr(LoaderStats, "record", _raise)
+    dataset = LMDBImageDataset(database) if kind == "lmdb" else RawImageDataset(source)
+    train, val = dataset.split(0.25, seed=1)
+    views = (dataset, dataset.view([3, 1], eval_transform(16)), train, val)
+    assert all(view.loader_stats is None for view in views)
+    assert [dataset[i][1] for i in (3, 1)] == [t for _, t in views[1]] == [dataset.targets[3], dataset.targets[1]]
+    assert [t for _, t in val] == val.targets and len(list(train)) == len(train)
+
+
 def test_datasets_pickle_without_stats_and_periods_start_empty(data) -> None:
     source, database = data
     for dataset in (LMDBImageDataset(database, transform=eval_transform(16)), RawImageDataset(source, transform=eval_transform(16))):
-        stats = dataset.loader_stats
-        assert isinstance(stats, LoaderStats)
+        assert dataset.loader_stats is None and dataset.view(None, None).loader_stats is None  # off until enabled
+        stats = dataset.enable_loader_stats()
+        assert isinstance(stats, LoaderStats) and dataset.loader_stats is stats and dataset.enable_loader_stats() is stats
         LoaderStats.next_period()
         for i in range(5):
             dataset[i]
@@ -169,7 +192,7 @@ def test_datasets_pickle_without_stats_and_periods_start_empty(data) -> None:
         assert load.slot == 0 and load.samples == 5
         LoaderStats.next_period()
         assert stats.processes() == []  # a new period starts empty
-        # each view has its own stats; a plain pickle leaves them out (it stays compact)
+        # each view made once they are on has its own stats; a plain pickle leaves them out (it stays compact)
         view = dataset.view([0, 1], None)
         assert view.loader_stats is not None and view.loader_stats is not stats
         clone = pickle.loads(pickle.dumps(dataset))
@@ -240,10 +263,33 @@ def test_datamodule_with_persistent_workers_and_validation(data, tmp_path) -> No
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, callbacks=[monitor], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(NoOpModel(2), datamodule=dm)
+    assert all(dataset.loader_stats is not None for dataset in dm.datasets.values())
     for record in monitor.history:
         assert record["loader_samples"] == record["samples"] == IMAGES - round(IMAGES * 0.25), record
         assert record["loader_workers"] == 2 and record["worker_cpu_s"] > 0
         assert record["loader_transform_ms"] >= 1e3 * TRANSFORM_SLEEP_S, record
+
+
+def test_a_datamodules_datasets_are_turned_on_before_its_workers_start(data) -> None:
+    class Data(pl.LightningDataModule):
+        """A user's DataModule: its dataset an attribute, a plain DataLoader (Lightning starts its workers before epoch start)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.sets: dict[str, Any] = {}
+
+        def setup(self, stage: str) -> None:
+            self.sets["train"] = Subset(_dataset(data), range(IMAGES))
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(self.sets["train"], batch_size=BATCH, num_workers=2, persistent_workers=True)
+
+    dm, monitor = Data(), PerfMonitor(verbose=False)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, callbacks=[monitor], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(NoOpModel(2), datamodule=dm)
+    (record,) = monitor.history
+    _check_measured(record, workers=2)
 
 
 def test_validation_on_the_same_dataset_is_not_counted(data) -> None:
@@ -254,10 +300,26 @@ def test_validation_on_the_same_dataset_is_not_counted(data) -> None:
         _check_measured(record, workers=0)
 
 
-def test_workers_started_without_stats_report_none_that_epoch(data) -> None:
+def test_loaders_given_to_fit_are_measured_from_the_first_epoch(data) -> None:
     dataset = pickle.loads(pickle.dumps(_dataset(data)))  # a plain pickle: no stats
     assert dataset.loader_stats is None
     monitor = _fit(DataLoader(dataset, batch_size=BATCH, num_workers=2), epochs=2)
+    assert dataset.loader_stats is not None
+    for record in monitor.history:
+        _check_measured(record, workers=2)
+
+
+def test_workers_started_without_stats_report_none_that_epoch(data) -> None:
+    class LoaderFromHook(NoOpModel):
+        """Makes its dataset in train_dataloader(): the monitor first sees it after the first epoch's workers started."""
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(_dataset(data), batch_size=BATCH, num_workers=2)
+
+    monitor = PerfMonitor(verbose=False)
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, callbacks=[monitor], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(LoaderFromHook(2))
     first, second = monitor.history
     assert all(first[key] is None for key in LOADER_KEYS)  # its workers were forked before the monitor saw it
     assert 0 <= first["cpu_busy_frac"] <= 1

@@ -35,10 +35,15 @@ excluded, like ``epoch_time_s``):
   sample getting its bytes into memory / decoding them to an image / in the transforms, measured
   inside the processes that load them (the DataLoader workers, or the training process with
   ``num_workers=0``) by datasets with :class:`~lightning_lmdb.loadstats.LoaderStats`
-  (``LMDBImageDataset``, ``RawImageDataset``; also inside a ``Subset`` or ``ConcatDataset``). The
+  (``LMDBImageDataset``, ``RawImageDataset``; also inside a ``Subset`` or ``ConcatDataset``), which the
+  monitor turns on (``enable_loader_stats()``; they are off by default) at ``setup("fit")`` -- before any
+  loader of the fit starts its workers -- for the datasets of the loaders given to ``fit`` and those the
+  DataModule or LightningModule holds as attributes, and at each training epoch's start for the datasets of
+  the train loader. The
   record's ``loader_samples`` is how many samples they counted (it equals ``samples`` unless batches
   prefetched past ``limit_train_batches`` were loaded) and ``loader_workers`` how many worker
-  processes loaded them. Another dataset, or one whose workers started without its stats, gives
+  processes loaded them. Another dataset, or one whose workers started without its stats (a dataset
+  first made by ``train_dataloader()``: its first epoch's workers, all epochs' persistent ones), gives
   ``None`` ("n/a").
 - ``perf/worker_cpu_s``: CPU seconds of the loader's worker processes in the epoch (``0.0`` with
   ``num_workers=0``): each worker's ``time.process_time()`` at its last sample of the epoch minus the
@@ -75,7 +80,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import ConcatDataset, Subset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.loadstats import LoaderStats, ProcessLoad
@@ -149,26 +154,54 @@ def _loaders(loaders: Any) -> Iterator[Any]:
         yield loaders
 
 
+def _enable(dataset: Any) -> LoaderStats | None:
+    """Turn ``dataset``'s loader statistics on when it has an ``enable_loader_stats()`` method; its stats, else None."""
+    enable = getattr(dataset, "enable_loader_stats", None)
+    if not callable(enable):
+        return None
+    try:
+        stats = enable()
+    except Exception:  # a user's own hook: never let it stop training
+        return None
+    return stats if isinstance(stats, LoaderStats) else None
+
+
 def loader_stats_of(loaders: Any) -> tuple[list[LoaderStats], bool]:
     """The :class:`LoaderStats` of the datasets behind ``loaders``, and whether every loader has ``num_workers=0``.
 
     A dataset with an ``enable_loader_stats()`` method (``LMDBImageDataset``, ``RawImageDataset``) is asked for
-    its stats (created if it had none); other datasets have none.
+    its stats (turned on if they were off); other datasets have none.
     """
     found: dict[int, LoaderStats] = {}
     in_process = True
     for loader in _loaders(loaders):
         in_process = in_process and not getattr(loader, "num_workers", 0)
         for dataset in _datasets(getattr(loader, "dataset", None)):
-            enable = getattr(dataset, "enable_loader_stats", None)
-            if callable(enable):
-                try:
-                    stats = enable()
-                except Exception:  # a user's own hook: never let it stop training
-                    continue
-                if isinstance(stats, LoaderStats):
-                    found.setdefault(id(stats), stats)
+            stats = _enable(dataset)
+            if stats is not None:
+                found.setdefault(id(stats), stats)
     return list(found.values()), in_process
+
+
+def _fit_datasets(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Iterator[Any]:
+    """The datasets a fit may load that exist before its loaders are made (and start their workers).
+
+    Those behind the loaders given to ``fit`` (Lightning keeps them in ``trainer.fit_loop._data_source``),
+    and those the DataModule and the LightningModule hold as attributes (also in a dict, list or tuple, or
+    behind a ``DataLoader``), with the datasets inside them (``Subset``, ``ConcatDataset``).
+    """
+    given = getattr(getattr(getattr(trainer, "fit_loop", None), "_data_source", None), "instance", None)
+    if given is not None and not isinstance(given, (pl.LightningModule, pl.LightningDataModule)):
+        for loader in _loaders(given):
+            yield from _datasets(getattr(loader, "dataset", None))
+    for holder in (getattr(trainer, "datamodule", None), pl_module):
+        for value in vars(holder).values() if holder is not None else ():
+            items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else (value,)
+            for item in items:
+                if isinstance(item, DataLoader):
+                    item = item.dataset
+                if isinstance(item, Dataset):
+                    yield from _datasets(item)
 
 
 def batch_size_of(batch: Any) -> int | None:
@@ -284,6 +317,8 @@ class PerfMonitor(pl.Callback):
     # ----------------------------------------------------------------- fit lifecycle
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # before any training loader starts (configure_optimizers may start one)
+            for dataset in _fit_datasets(trainer, pl_module):
+                _enable(dataset)
             LoaderStats.next_period()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
