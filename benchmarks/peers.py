@@ -281,7 +281,7 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
     import torch
 
     from lightning_lmdb.cache import evict, resident_fraction
-    from lightning_lmdb.dataset import close_environments
+    from lightning_lmdb.envs import close_all
     from lightning_lmdb.transforms import finish_batch
 
     torch.set_num_threads(1)
@@ -294,7 +294,7 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
     passes, memory = [], 0.0
     for regime in ["cold"] + ["warm"] * warm_passes:
         if regime == "cold":
-            close_environments()
+            close_all()
             evict(files, sync=True)  # fsync first: pages of a store written moments ago are dirty and would stay
             result["cold_cached"] = max(resident_fraction(f) for f in sample)
         count, started = 0, time.perf_counter()

@@ -35,7 +35,7 @@ from lightning_lmdb.imageinfo import read_info
 if TYPE_CHECKING:  # torch is imported where a tensor is made (decoders.hwc_to_tensor): info and verify do without it
     import torch
 
-__all__ = ["STORAGES", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordError", "decode_image", "decode_record", "encode_record",
+__all__ = ["STORAGES", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordError", "decode_record", "encode_record",
            "encode_pixels", "decode_pixels", "resize_pixels"]
 
 #: The storage modes of a database.
@@ -45,10 +45,6 @@ DEFAULT_QUALITY = 90
 #: A resized lossless image is stored as an unfiltered PNG unless that is this much larger than OpenCV's filtered one.
 UNFILTERED_PNG_MAX_GROWTH = 1.25
 _PIXEL_HEADER = struct.Struct("<III")
-
-#: ``ImageFolder``'s decode (PIL, ``convert("RGB")``), kept under its historical name.
-decode_image = decode_pil
-
 
 def encode_pixels(pixels: np.ndarray) -> bytes:
     """Serialise an ``H x W x C`` ``uint8`` array as a ``decoded`` record value."""

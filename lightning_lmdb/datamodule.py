@@ -21,10 +21,10 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
 
-from lightning_lmdb import blockread, cache, netfs, shards, transforms
+from lightning_lmdb import blockread, cache, envs, netfs, shards, transforms
 from lightning_lmdb.batchdecode import Collate, DeferredImages
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, available_memory, close_environments
+from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset, available_memory
 from lightning_lmdb.decoders import DECODERS, Decoder
 from lightning_lmdb.errors import CacheDirError, OptionError, SourceError
 from lightning_lmdb.folder import scan_folder
@@ -496,7 +496,7 @@ class LMDBDataModule(pl.LightningDataModule):
             self.datasets["test"] = self._open("test").view(None, self.eval_transform)
         for dataset in self.datasets.values():
             dataset.set_decoding(self.decoder, self._decode_size(dataset.transform), defer_jpeg=self.decode_device is not None)
-        close_environments()  # the main process holds no environment once set up
+        envs.close_all()  # the main process holds no environment once set up
         self.timings["setup_s"] = time.perf_counter() - started
 
     def _choose_shuffle(self, full: _ImageDataset) -> Shuffle:
@@ -627,7 +627,7 @@ class LMDBDataModule(pl.LightningDataModule):
         Iteration starts in the main process after the epoch's fresh workers have started but before any
         index reaches them, so no worker has opened an environment yet.
         """
-        close_environments()
+        envs.close_all()
         cache.evict(self.cached_files(), sync=True)
 
     def _batches_processed(self) -> int | None:

@@ -51,6 +51,7 @@ it; PNG and WebP have no DCT and are decoded whole.
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -75,11 +76,24 @@ _REDUCTIONS = (8, 4, 2)
 #: A reduced decode keeps its shorter side at least this many times ``decode_size`` (see the module docstring).
 _MARGIN = 2
 
-# Pillow's DecompressionBombWarning duplicates our own pixel check (``max_pixels``), so it is silenced
-# once, here. Not with ``warnings.catch_warnings()`` around each decode: entering it resets Python's
-# once-per-location registry, and every other warning (e.g. Pillow's "Palette images with
-# Transparency") was then printed once per image instead of once per process.
-warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+#: The filter that silences Pillow's DecompressionBombWarning from its own check (``PIL.Image``), as ``warnings.filters`` holds it.
+_BOMB_FILTER = ("ignore", None, Image.DecompressionBombWarning, re.compile(r"PIL\.Image$"), 0)
+
+
+def _silence_bomb_warning() -> None:
+    """Make sure this process's warning filters hold :data:`_BOMB_FILTER` (added on the first decode, not per decode).
+
+    Pillow's DecompressionBombWarning duplicates our pixel check (``max_pixels``): over the default limit we
+    refuse the image with an error that says how to allow it; over a raised limit the caller allowed it.
+    Not added on import (importing a library must leave the user's filters alone), and only for that warning
+    from ``PIL.Image`` (one the user raises elsewhere still shows). Added again if the filters were reset
+    since (``warnings.resetwarnings()``, leaving a ``catch_warnings()`` block). Not with ``catch_warnings()``
+    around each decode, nor a filter added per decode: either resets Python's once-per-location registry,
+    and every other warning (e.g. Pillow's "Palette images with Transparency") would be printed once per
+    image instead of once per process.
+    """
+    if _BOMB_FILTER not in warnings.filters:
+        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning, module=_BOMB_FILTER[3].pattern)
 
 
 def _too_many_pixels(name: str, width: int, height: int, limit: int) -> ImageDecodeError:
@@ -213,6 +227,7 @@ def decode_pil(
     """
     if not len(data):
         raise ImageDecodeError(name, "the file is empty. Remove it or replace it with the image.")
+    _silence_bomb_warning()
     try:
         img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:

@@ -65,12 +65,14 @@ onto ``X.lmdb`` when complete), ``X.lmdb.partial-lock`` (LMDB's writer lock) and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +165,33 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str], *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the file ``path`` for the ``with`` block, waiting for it as long as it takes.
+
+    The lock works across processes and, through NFS locks, across nodes. The lock file is created if
+    missing and left in place (deleting it would let a waiter lock a file no newcomer sees).
+
+    Args:
+        path: The lock file.
+        on_wait: Called once, before waiting, when another holder has the lock (e.g. to say why we wait).
+
+    Yields:
+        Nothing; the lock is held until the block exits.
+    """
+    with open(path, "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # --- paths without a Python object per record -------------------------------------------------------

@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -115,15 +114,9 @@ def _is_build_file(name: str) -> bool:
     return name == LOCK_NAME or (shard is not None and name in {p.name for p in (Path(shard[0]), *fmt.build_files(Path(shard[0])))})
 
 
-@contextlib.contextmanager
-def manifest_lock(folder: Path) -> Iterator[None]:
-    """Hold the folder's manifest lock (across processes and, via NFS locks, nodes)."""
-    with open(folder / LOCK_NAME, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def manifest_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
+    """The folder's manifest lock, held in a ``with`` block (across processes and, via NFS locks, nodes)."""
+    return fmt.file_lock(folder / LOCK_NAME)
 
 
 @dataclass(frozen=True)

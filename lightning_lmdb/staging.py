@@ -26,14 +26,12 @@ No pickle: the records are JSON.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -116,7 +114,7 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
     if target.parent.resolve() == source.parent.resolve():
         raise OptionError(f"local_dir {str(target.parent)!r} holds the database {str(source)!r} itself; stage it to another folder.")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.with_name(target.name + ".staging.lock")):
+    with fmt.file_lock(target.with_name(target.name + ".staging.lock")):
         identity = _Identity.of(source)
         if _is_current(target, identity):
             return StageReport(target, "up-to-date", 0, time.perf_counter() - started)
@@ -149,7 +147,7 @@ def _stage_sharded(source: Path, local_dir: str | os.PathLike[str], block_size: 
     reports = [stage(part.path, target, block_size=block_size) for part in manifest.parts]
     wanted = {Path(part.path).name for part in manifest.parts}
     data = (source / shards.MANIFEST_NAME).read_bytes()
-    with _locked(target / (shards.MANIFEST_NAME + ".staging.lock")):
+    with fmt.file_lock(target / (shards.MANIFEST_NAME + ".staging.lock")):
         for path in shards.shard_files(target).values():
             if path.name not in wanted:
                 path.unlink()
@@ -224,16 +222,6 @@ def _finish(partial: Path, target: Path, record: dict[str, Any]) -> None:
     os.replace(partial, target)
     _partial_files(target)[1].unlink()
     fmt.fsync_dir(target.parent)
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _read_record(path: Path) -> dict[str, Any]:

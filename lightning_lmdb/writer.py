@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
-import fcntl
 import json
 import logging
 import multiprocessing
@@ -408,20 +407,10 @@ def _stale_reason(target: Path, meta: fmt.Metadata, scan: SourceScan, options: d
     return f"from a source that changed since ({len(new - old)} files added, {len(old - new)} removed, the rest modified or relabelled)"
 
 
-@contextlib.contextmanager
-def _build_lock(target: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``TARGET.build-lock`` (works across processes and, via NFS locks, nodes)."""
-    lock_path = fmt.build_lock_path(target)
-    with open(lock_path, "a+b") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("Another process is building %s; waiting for it to finish.", target)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _build_lock(target: Path) -> contextlib.AbstractContextManager[None]:
+    """An exclusive lock on ``TARGET.build-lock`` (works across processes and, via NFS locks, nodes); logs when it waits."""
+    waiting = "Another process is building %s; waiting for it to finish."
+    return fmt.file_lock(fmt.build_lock_path(target), on_wait=lambda: log.info(waiting, target))
 
 
 #: One file to read: (index, path, storage or "check", max_pixels, resize, quality).

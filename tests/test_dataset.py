@@ -15,11 +15,11 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
-from lightning_lmdb import blockread, shards
+from lightning_lmdb import blockread, envs, shards
 from lightning_lmdb import dataset as ds_module
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import STORAGES
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, auto_readahead, close_environments, open_environments
+from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, auto_readahead, open_environments
 from lightning_lmdb.transforms import eval_transform, train_transform
 from lightning_lmdb.writer import build_lmdb
 
@@ -108,7 +108,7 @@ def test_persistent_workers_over_two_epochs(folder_and_dbs) -> None:
 
 def test_pickles_before_and_after_use_and_views_share_one_environment(folder_and_dbs) -> None:
     source, dbs = folder_and_dbs
-    close_environments()
+    envs.close_all()
     dataset = LMDBImageDataset(dbs["encoded"])
     assert open_environments() == [], "construction must not leave an environment open"
     clone = pickle.loads(pickle.dumps(dataset))
@@ -120,7 +120,7 @@ def test_pickles_before_and_after_use_and_views_share_one_environment(folder_and
     assert train.targets == dataset.targets[:3] and val.paths == [dataset.paths[5], dataset.paths[4]]
     np.testing.assert_array_equal(np.asarray(val[1][0]), np.asarray(dataset[4][0]))
     assert open_environments() == [dataset.path], "every dataset object on one file shares one environment"
-    close_environments()
+    envs.close_all()
 
 
 def test_integrity_checked_at_open(folder_and_dbs, tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ def test_a_decode_warning_is_printed_once_not_once_per_image(tmp_path: Path) -> 
     from imagegen import make_image
     from PIL import Image
 
-    from lightning_lmdb.codec import decode_image
+    from lightning_lmdb.decoders import decode_pil
 
     rng = np.random.default_rng(0)
     for i in range(5):
@@ -158,7 +158,7 @@ def test_a_decode_warning_is_printed_once_not_once_per_image(tmp_path: Path) -> 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         for i in range(5):
-            decode_image((tmp_path / f"p{i}.png").read_bytes())
+            decode_pil((tmp_path / f"p{i}.png").read_bytes())
     messages = [str(w.message) for w in caught if "Transparency" in str(w.message)]
     assert len(messages) == 1, messages
     with Image.open(tmp_path / "p0.png") as img:
@@ -180,7 +180,7 @@ def _damage(path: Path, row: int, where: str) -> type[lmdb.Error]:
     ``"overflow"``: bit 40 of the record's first overflow page number in its leaf node (a page past the end).
     Both are checked by LMDB before any memory is touched, so the read fails the same way every time, without a signal.
     """
-    close_environments()
+    envs.close_all()
     env = lmdb.open(str(path), readonly=True, lock=False, subdir=False, max_dbs=2)
     try:
         psize = env.stat()["psize"]
@@ -227,7 +227,7 @@ def test_a_damaged_btree_page_raises_database_error_naming_the_file(tmp_path: Pa
     assert isinstance(caught.value.__cause__, expected), "chained to LMDB's own error"
     assert f"{str(file)!r}" in message and "is damaged" in message and f"lightning-lmdb verify {database}" in message
     assert "\n" not in message
-    close_environments()
+    envs.close_all()
 
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["file", "shard"])
@@ -241,11 +241,11 @@ def test_a_replaced_database_or_shard_is_reported_with_both_build_ids(tmp_path: 
     other = build_lmdb(source, tmp_path / "other.lmdb", workers=0, progress=False, **options)  # the same records, another build
     before, after = shards.parts(database)[0], shards.parts(other)[0]
     assert before.build_id != after.build_id
-    close_environments()
+    envs.close_all()
     shutil.copyfile(after.path, before.path + ".new")
     Path(before.path + ".new").replace(before.path)  # the first file (or shard) replaced, as a rebuild does
     with pytest.raises(fmt.DatabaseError, match="replaced since this dataset was created") as caught:
         dataset[0]
     message = str(caught.value)
     assert f"build {before.build_id}, now {after.build_id}" in message and repr(before.path) in message
-    close_environments()
+    envs.close_all()

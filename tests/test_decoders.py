@@ -205,3 +205,33 @@ def test_reduced_size_decoding_scale_and_bound() -> None:
     png = encode(make_image("RGB", (400, 400), rng), "PNG")
     assert reduction(read_info(png), 73) == 1 and decode(png, "auto", decode_size=73).shape[1:] == (400, 400)
     assert decode(CASES["jpeg RGB"], "torchcodec", decode_size=8).shape[1:] == (37, 53), "TorchCodec has no scaled decode"
+
+
+def test_importing_the_decoders_leaves_the_warning_filters_alone() -> None:
+    import runpy
+    import warnings
+
+    import lightning_lmdb.decoders as decoders
+
+    with warnings.catch_warnings():
+        before = list(warnings.filters)
+        runpy.run_path(decoders.__file__)  # the module's code, run afresh (the imported module is left as it is)
+        assert warnings.filters == before
+
+
+def test_a_decode_silences_only_pillows_own_bomb_warning_with_one_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    from lightning_lmdb.decoders import decode_pil
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (20, 20), (1, 2, 3)).save(buffer, format="PNG")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 300)  # 400 pixels: over Pillow's warning threshold, under its error
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()  # no filters: every warning would show
+        for _ in range(3):
+            assert decode_pil(buffer.getvalue(), max_pixels=None).size == (20, 20)
+        filters = list(warnings.filters)
+        warnings.warn("the user's own", Image.DecompressionBombWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["the user's own"]
+    assert len(filters) == 1, "one filter, added once, not one per decode"

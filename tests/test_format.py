@@ -138,3 +138,24 @@ def test_build_options_validate_once_everywhere(tmp_path: Path) -> None:
     build_parser = make_parser()._subparsers._group_actions[0].choices["build"]  # type: ignore[union-attr]
     choices = {a.dest: tuple(a.choices) for a in build_parser._actions if a.choices}
     assert choices == CHOICES, "the CLI offers exactly the declared choices"
+
+
+def test_file_lock_makes_a_second_holder_wait_and_says_so(tmp_path: Path) -> None:
+    import threading
+
+    lock = tmp_path / "x.lock"
+    events: list[str] = []
+    waiting = threading.Event()
+
+    def second() -> None:
+        with fmt.file_lock(lock, on_wait=lambda: (events.append("waiting"), waiting.set())):
+            events.append("second holds it")
+
+    with fmt.file_lock(lock, on_wait=lambda: events.append("first waited")):
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert waiting.wait(timeout=120), "the second holder never found the lock taken"
+        events.append("first releases")
+    thread.join(timeout=120)
+    assert events == ["waiting", "first releases", "second holds it"]
+    assert lock.exists(), "the lock file stays in place"

@@ -17,8 +17,7 @@ import torch
 from ci import require
 from imagegen import make_folder, make_jpegs
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, netfs
-from lightning_lmdb.dataset import close_environments
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, envs, netfs
 
 
 def _available() -> str | None:
@@ -155,7 +154,7 @@ def test_read_only_and_a_database_reads_through_it(tmp_path: Path) -> None:
         remote = LMDBImageDataset(mounted.path / database.name)  # memory-mapped through the mount
         assert [remote[i][1] for i in range(len(remote))] == [local[i][1] for i in range(len(local))]
         assert all(remote[i][0].tobytes() == local[i][0].tobytes() for i in range(len(local)))
-        close_environments()
+        envs.close_all()
 
 
 def _first_batch(datamodule: LMDBDataModule) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,7 +187,7 @@ def test_datamodule_reads_through_stable_latency_mounts(tmp_path: Path, backend:
     again.setup("fit")
     assert Path(again.datasets["val"].path if backend == "lmdb" else again.datasets["val"].root) == where, "a stable mount point"
     assert slow.cached_files() and not any(Path(p).is_relative_to(mounts) for p in slow.cached_files()), "evicts the disk's files"
-    close_environments()
+    envs.close_all()
 
 
 @needs_fuse
@@ -395,7 +394,7 @@ def test_datamodule_stages_through_the_mount_and_reads_the_local_copy(tmp_path: 
     # copying through the mount opened the file there (a round trip: one latency at least), within prepare_data's time
     assert latency_s <= datamodule.timings["stage_s"] <= around
     assert len(datamodule.datasets["train"]) == 12
-    close_environments()
+    envs.close_all()
 
 
 @needs_fuse

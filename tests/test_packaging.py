@@ -1,4 +1,4 @@
-"""The library stands without the experiment's dependencies; the experiment's old import paths still work."""
+"""The library stands without the experiment's dependencies, and exports its public names lazily."""
 
 from __future__ import annotations
 
@@ -39,18 +39,6 @@ def test_importing_the_library_loads_no_hydra() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
-
-
-def test_old_experiment_import_paths_are_the_new_modules() -> None:
-    import lightning_lmdb.callbacks
-    import lightning_lmdb.demo
-    import lightning_lmdb.report
-    import lightning_lmdb.toy_model
-    from lightning_lmdb.experiment import callbacks, demo, report, toy_model
-
-    assert lightning_lmdb.callbacks is callbacks and lightning_lmdb.report is report
-    assert lightning_lmdb.demo is demo and lightning_lmdb.toy_model is toy_model
-    assert callbacks.PerfMonitor is lightning_lmdb.callbacks.PerfMonitor
 
 
 @pytest.mark.slow

@@ -11,8 +11,7 @@ import pytest
 import torch
 from imagegen import make_folder, make_jpegs
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, shards, staging
-from lightning_lmdb.dataset import close_environments
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, envs, shards, staging
 from lightning_lmdb.format import DatabaseError
 
 BLOCK = 16 << 10
@@ -26,7 +25,7 @@ def database(tmp_path: Path) -> Path:
 def _samples(path: Path) -> list[tuple[bytes, int]]:
     dataset = LMDBImageDataset(path)
     out = [(dataset[i][0].tobytes(), dataset[i][1]) for i in range(len(dataset))]
-    close_environments()
+    envs.close_all()
     return out
 
 
@@ -112,4 +111,4 @@ def test_datamodule_reads_the_staged_copy(tmp_path: Path) -> None:
     assert staged.cached_files() == [str(copy)] and {"prepare_s", "stage_s", "setup_s"} <= set(staged.timings)
     a, b = next(iter(plain.val_dataloader())), next(iter(staged.val_dataloader()))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    close_environments()
+    envs.close_all()
