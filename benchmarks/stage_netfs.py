@@ -4,7 +4,7 @@ Usage:
     python benchmarks/stage_netfs.py SOURCE [--latency-ms 0.5] [--rounds 2] [--cache-dir DIR] [--local-dir DIR]
 
 Builds (once) the database of the image folder SOURCE in ``--cache-dir``, then runs, alternating, ``--rounds``
-times each: ``LMDBDataModule(netfs_latency_ms=...)`` reading the database through a fresh latency mount
+times each: ``ExperimentDataModule(netfs_latency_ms=...)`` reading the database through a fresh latency mount
 (:mod:`lightning_lmdb.netfs`), and the same with ``local_cache_dir=`` (the database copied to local disk in
 ``prepare_data``, checked, then read there). Before every run the database's pages are evicted and the local
 copy deleted, so each starts as a fresh node would. Each run is 2 epochs of the training loader (2 workers,
@@ -30,12 +30,13 @@ def run_once(source: Path, cache_dir: Path, local_dir: Path | None, latency_ms: 
     """One fresh run (in this process): prepare, setup, two epochs; returns seconds per phase."""
     import torch
 
-    from lightning_lmdb import LMDBDataModule, cache
+    from lightning_lmdb import cache
+    from lightning_lmdb.experiment.datamodule import ExperimentDataModule
     from lightning_lmdb.transforms import finish_batch
 
     torch.set_num_threads(1)
-    datamodule = LMDBDataModule(source, cache_dir=cache_dir, local_cache_dir=local_dir, netfs_latency_ms=latency_ms, image_size=64,
-                                batch_size=256, num_workers=workers, val_fraction=0, on_stale="ignore")
+    datamodule = ExperimentDataModule(source, cache_dir=cache_dir, local_cache_dir=local_dir, netfs_latency_ms=latency_ms, image_size=64,
+                                      batch_size=256, num_workers=workers, val_fraction=0, on_stale="ignore")
     cache.evict([datamodule.database_path("train")], sync=True)
     datamodule.prepare_data()
     datamodule.setup("fit")

@@ -23,7 +23,7 @@ from imagegen import make_jpegs
 from omegaconf import OmegaConf
 
 from lightning_lmdb import LMDBDataModule, shards
-from lightning_lmdb import datamodule as dm_module
+from lightning_lmdb import backends as dm_module  # the LMDB backend's builds
 from lightning_lmdb.datamodule import DEFAULT_VAL_FRACTION
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, open_environments
 from lightning_lmdb.transforms import ResizedCrop, eval_transform

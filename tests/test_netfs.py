@@ -18,6 +18,7 @@ from ci import require
 from imagegen import make_folder, make_jpegs
 
 from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, envs, netfs
+from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 
 
 def _available() -> str | None:
@@ -172,7 +173,7 @@ def test_datamodule_reads_through_stable_latency_mounts(tmp_path: Path, backend:
     direct = LMDBDataModule(source, **settings)
     expected = _first_batch(direct)
     built = {p: p.stat().st_mtime_ns for p in direct.database_paths()}
-    slow = LMDBDataModule(source, netfs_latency_ms=2, **settings)
+    slow = ExperimentDataModule(source, netfs_latency_ms=2, **settings)
     images, targets = _first_batch(slow)
     assert torch.equal(images, expected[0]) and torch.equal(targets, expected[1])
     mounts = tmp_path / "cache.netfs"
@@ -183,7 +184,7 @@ def test_datamodule_reads_through_stable_latency_mounts(tmp_path: Path, backend:
     assert set(slow.timings) == ({"prepare_s", "setup_s"} if backend == "lmdb" else {"setup_s"})
     if backend == "raw":  # its scan is a round trip per file and folder: at least a lookup of each of the 19 entries
         assert slow.timings["setup_s"] >= 19 * 2e-3
-    again = LMDBDataModule(source, netfs_latency_ms=2, **settings)
+    again = ExperimentDataModule(source, netfs_latency_ms=2, **settings)
     again.setup("fit")
     assert Path(again.datasets["val"].path if backend == "lmdb" else again.datasets["val"].root) == where, "a stable mount point"
     assert slow.cached_files() and not any(Path(p).is_relative_to(mounts) for p in slow.cached_files()), "evicts the disk's files"
@@ -256,8 +257,8 @@ def test_cli_unmounts_and_stops_its_server_on_sigterm(tmp_path: Path) -> None:
 
 _HOLD_DATAMODULE_MOUNTS = """
 import sys, time
-from lightning_lmdb import LMDBDataModule
-datamodule = LMDBDataModule(sys.argv[1], cache_dir=sys.argv[2], backend="raw", netfs_latency_ms=1, image_size=16, num_workers=0,
+from lightning_lmdb.experiment.datamodule import ExperimentDataModule
+datamodule = ExperimentDataModule(sys.argv[1], cache_dir=sys.argv[2], backend="raw", netfs_latency_ms=1, image_size=16, num_workers=0,
                             val_fraction=0.5)
 datamodule.setup("fit")
 print("mounted", flush=True)
@@ -383,8 +384,9 @@ def test_read_benchmark_through_the_mount(tmp_path: Path) -> None:
 def test_datamodule_stages_through_the_mount_and_reads_the_local_copy(tmp_path: Path) -> None:
     source = make_folder(tmp_path / "images", per_class=4)
     latency_s = 1e-3
-    datamodule = LMDBDataModule(source, cache_dir=tmp_path / "shared", netfs_latency_ms=latency_s * 1e3, local_cache_dir=tmp_path / "local",
-                                image_size=16, batch_size=64, num_workers=0, build_workers=0, val_fraction=0)
+    datamodule = ExperimentDataModule(source, cache_dir=tmp_path / "shared", netfs_latency_ms=latency_s * 1e3,
+                                      local_cache_dir=tmp_path / "local", image_size=16, batch_size=64, num_workers=0, build_workers=0,
+                                      val_fraction=0)
     started = time.perf_counter()
     datamodule.prepare_data()
     around = time.perf_counter() - started
@@ -401,7 +403,7 @@ def test_datamodule_stages_through_the_mount_and_reads_the_local_copy(tmp_path: 
 def test_datamodule_refuses_to_mount_in_a_multi_process_run(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    datamodule = LMDBDataModule(make_folder(tmp_path / "images", per_class=2), cache_dir=tmp_path / "cache", netfs_latency_ms=0.5)
+    datamodule = ExperimentDataModule(make_folder(tmp_path / "images", per_class=2), cache_dir=tmp_path / "cache", netfs_latency_ms=0.5)
     datamodule.trainer = SimpleNamespace(world_size=2)
     with pytest.raises(ValueError, match="emulates network storage for one process, and this run has 2; run it with devices=1"):
         datamodule.prepare_data()

@@ -12,6 +12,7 @@ import torch
 from imagegen import make_folder, make_jpegs
 
 from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, envs, shards, staging
+from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 from lightning_lmdb.format import DatabaseError
 
 BLOCK = 16 << 10
@@ -103,7 +104,7 @@ def test_datamodule_reads_the_staged_copy(tmp_path: Path) -> None:
     plain = LMDBDataModule(source, **settings)
     plain.prepare_data()
     plain.setup("fit")
-    staged = LMDBDataModule(source, local_cache_dir=tmp_path / "local", **settings)
+    staged = ExperimentDataModule(source, local_cache_dir=tmp_path / "local", **settings)
     staged.prepare_data()
     staged.setup("fit")
     copy = tmp_path / "local" / plain.database_path("train").name

@@ -15,8 +15,9 @@ from ci import require
 from hydra import compose, initialize_config_dir
 from imagegen import make_jpegs
 
-from lightning_lmdb import LMDBDataModule, cache
-from lightning_lmdb import datamodule as dm_module
+from lightning_lmdb import cache
+from lightning_lmdb.experiment import datamodule as dm_module
+from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 from lightning_lmdb.transforms import eval_transform
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,8 +89,8 @@ def test_multirun_ab_repeats_interleaved_and_one_comparison(tmp_path: Path) -> N
 @pytest.mark.parametrize("backend", ["lmdb", "raw"])
 def test_cold_cache_evicts_before_each_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     source = make_jpegs(tmp_path / "src", 12, size=64)
-    dm = LMDBDataModule(source, backend=backend, cache_dir=tmp_path / "cache", batch_size=4, num_workers=0, cold_cache=True, val_fraction=0,
-                        train_transform=eval_transform(8), build_workers=0)
+    dm = ExperimentDataModule(source, backend=backend, cache_dir=tmp_path / "cache", batch_size=4, num_workers=0, cold_cache=True,
+                              val_fraction=0, train_transform=eval_transform(8), build_workers=0)
     dm.prepare_data()
     dm.setup("fit")
     files = dm.cached_files()
@@ -111,7 +112,7 @@ def test_cold_cache_evicts_before_each_epoch(tmp_path: Path, monkeypatch: pytest
 
 
 def test_cold_cache_turns_persistent_workers_off(tmp_path: Path) -> None:
-    dm = LMDBDataModule(make_jpegs(tmp_path / "src", 2, size=8), num_workers=2, persistent_workers=True, cold_cache=True)
+    dm = ExperimentDataModule(make_jpegs(tmp_path / "src", 2, size=8), num_workers=2, persistent_workers=True, cold_cache=True)
     assert dm.persistent_workers is False
 
 

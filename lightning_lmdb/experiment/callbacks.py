@@ -343,7 +343,7 @@ class PerfMonitor(pl.Callback):
                       "gpu_util_available": self._sampler is not None, "gpu_name": gpu_name,
                       "device": str(device), "world_size": trainer.world_size,
                       "cores": len(self._cpus),
-                      # the DataModule's prepare_data / setup seconds (LMDBDataModule.timings), before any epoch
+                      # the DataModule's prepare_data / setup seconds (ExperimentDataModule.timings), before any epoch
                       "setup": {k: float(v) for k, v in (getattr(trainer.datamodule, "timings", None) or {}).items()}}
         self._wrap_profiler(trainer.profiler)
 

@@ -25,6 +25,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
+from lightning_lmdb import backends as build_module  # the LMDB backend's builds
 from lightning_lmdb import datamodule as dm_module
 from lightning_lmdb.transforms import eval_transform
 
@@ -79,7 +80,7 @@ class Recorder(pl.LightningModule):
 def _record_builds() -> dict[str, list]:
     """Make the DataModule's builds append to the dict returned (``build_lmdb``: the targets; ``build_shards``: the indices)."""
     builds: dict[str, list] = {"build_lmdb": [], "build_shards": []}
-    build_lmdb, build_shards = dm_module.build_lmdb, dm_module.build_shards
+    build_lmdb, build_shards = build_module.build_lmdb, build_module.build_shards
 
     def recording_build_lmdb(source, target, options):
         builds["build_lmdb"].append(str(target))
@@ -89,7 +90,7 @@ def _record_builds() -> dict[str, list]:
         builds["build_shards"].append(list(indices))
         return build_shards(source, target, options, indices)
 
-    dm_module.build_lmdb, dm_module.build_shards = recording_build_lmdb, recording_build_shards
+    build_module.build_lmdb, build_module.build_shards = recording_build_lmdb, recording_build_shards
     return builds
 
 

@@ -1,0 +1,214 @@
+"""What ``LMDBDataModule`` does per backend: build and serve LMDB files (:class:`LMDBBackend`) or the image files (:class:`RawBackend`)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_lmdb import blockread, netfs, shards
+from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset
+from lightning_lmdb.errors import CacheDirError
+from lightning_lmdb.folder import scan_folder
+from lightning_lmdb.format import DatabaseError
+from lightning_lmdb.staging import stage, staged_path
+from lightning_lmdb.writer import build_lmdb, build_shards, find_bad_files
+
+if TYPE_CHECKING:
+    from lightning_lmdb.datamodule import LMDBDataModule
+
+log = logging.getLogger(__name__)
+
+#: Why a folder cannot be written, per errno.
+_NOT_WRITABLE = {errno.EROFS: "a read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+
+
+def on_disk(path: str | os.PathLike[str]) -> str:
+    """``path`` on the disk, for a path through a latency mount (a cold-cache epoch evicts the disk's pages)."""
+    return str(netfs.disk_path(path))
+
+
+@contextlib.contextmanager
+def writing_to(folder: Path, option: str) -> Iterator[None]:
+    """Turn a refused write in (or on the way to) ``folder`` into a :class:`CacheDirError` naming ``option`` and the fix."""
+    try:
+        yield
+    except OSError as exc:
+        name = None if exc.filename is None else Path(os.fsdecode(exc.filename)).absolute()
+        where = folder.absolute()
+        if isinstance(exc, CacheDirError) or exc.errno not in _NOT_WRITABLE or name is None \
+                or not (name.is_relative_to(where) or where.is_relative_to(name)):
+            raise
+        raise CacheDirError(
+            f"{option} {str(folder)!r} is not writable ({_NOT_WRITABLE[exc.errno]}: {str(name)!r}). Choose a writable {option} "
+            f"(Hydra: data.{option}=/path/on/a/writable/disk)."
+        ) from exc
+
+
+class Backend:
+    """Where a DataModule's samples come from; ``dm`` is the module whose folders, options and hooks it uses."""
+
+    def __init__(self, dm: LMDBDataModule):
+        self.dm = dm
+
+    def splits(self) -> list[str]:
+        """The splits with a folder."""
+        return [split for split, folder in self.dm.dirs.items() if folder is not None]
+
+    def prepare(self) -> None:
+        """``prepare_data``'s work (on each node's local rank 0): writes to disk only, sets no state."""
+
+    def after_barrier(self) -> None:
+        """``setup``'s first work, once Lightning's barrier after ``prepare_data`` is passed."""
+
+    def served_path(self, split: str) -> Path:
+        """The path the loaders of ``split`` read (mounting it on first use)."""
+        raise NotImplementedError
+
+    def open(self, split: str) -> _ImageDataset:
+        """The whole dataset of ``split``, without transforms."""
+        raise NotImplementedError
+
+    def database_paths(self) -> list[Path]:
+        """The databases served (none for the raw backend)."""
+        return []
+
+    def cached_files(self) -> list[str]:
+        """The files a cold-cache epoch evicts, on the disk."""
+        raise NotImplementedError
+
+    def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
+        """Bytes of the data served for ``split`` (what ``shuffle=None`` compares with the memory available)."""
+        raise NotImplementedError
+
+    def block_size(self, split: str, dataset: _ImageDataset) -> int | None:
+        """Records per block of a block-shuffled order of ``split``."""
+        return getattr(dataset, "block_size", None)
+
+
+class LMDBBackend(Backend):
+    """Builds each folder's database in ``prepare_data`` (this node's part of it on a shared file system), stages it, serves it."""
+
+    def prepare(self) -> None:
+        dm = self.dm
+        sources = {split: dm.source_path(split) for split in self.splits()}  # mounted first: not part of prepare_s
+        node, nodes = self._node()
+        with dm._timed("prepare_s"):
+            for split, source in sources.items():
+                target, options = dm.database_path(split), dm.build_options
+                with writing_to(dm.cache_dir, "cache_dir"):
+                    if not (dm.shared_filesystem and nodes > 1):
+                        build_lmdb(source, target, options)
+                    elif options.shards is not None:  # this node's shards; the node completing the last one writes the manifest
+                        mine = list(range(node, options.shards, nodes))
+                        if mine:
+                            build_shards(source, target, options, mine)
+                    elif node == 0:  # one file: node 0 builds it, the others wait at Lightning's barrier after prepare_data
+                        build_lmdb(source, target, options)
+        if not (dm.shared_filesystem and nodes > 1):  # else after the barrier: another node may still be building them here
+            self._stage()
+
+    def after_barrier(self) -> None:
+        if self.dm.shared_filesystem and self._node()[1] > 1:  # every node's databases are complete now
+            self._stage()
+
+    def _stage(self) -> None:
+        """Copy each database to ``local_cache_dir`` (if set); a copy that is current is kept (one copy per node: staging locks)."""
+        dm = self.dm
+        if dm.local_cache_dir is None:
+            return
+        served = [dm.served_database_path(split) for split in self.splits()]  # mounted first
+        with dm._timed("stage_s"):
+            for database in served:
+                with writing_to(dm.local_cache_dir, "local_cache_dir"):
+                    report = stage(database, dm.local_cache_dir)
+                rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
+                               f"{report.seconds:.1f} s)")
+
+    def _node(self) -> tuple[int, int]:
+        """``(node rank, number of nodes)`` of the trainer's job (``(0, 1)`` without a trainer)."""
+        trainer = self.dm.trainer
+        if trainer is None:
+            return 0, 1
+        return int(getattr(trainer, "node_rank", 0)), int(getattr(trainer, "num_nodes", 1))
+
+    def served_path(self, split: str) -> Path:
+        """The database file the loaders of ``split`` read: its staged local copy, or the module's ``served_database_path``."""
+        if self.dm.local_cache_dir is not None:
+            return staged_path(self.dm.database_path(split), self.dm.local_cache_dir)
+        return self.dm.served_database_path(split)
+
+    def open(self, split: str) -> LMDBImageDataset:
+        return LMDBImageDataset(self.served_path(split), readahead=self.dm.readahead)
+
+    def database_paths(self) -> list[Path]:
+        return [self.dm.database_path(split) for split in self.splits()]
+
+    def cached_files(self) -> list[str]:
+        return [on_disk(f) for split in self.splits() for f in shards.database_files(self.served_path(split))]
+
+    def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
+        return shards.database_bytes(self.served_path(split))
+
+
+class RawBackend(Backend):
+    """Serves the image files themselves: the same samples as the LMDB backend (``on_error="skip"`` leaves the same bad files out)."""
+
+    def __init__(self, dm: LMDBDataModule):
+        super().__init__(dm)
+        self.sizes: dict[str, tuple[int, int]] = {}  # split -> (bytes, records) of what is served
+
+    def served_path(self, split: str) -> Path:
+        return self.dm.source_path(split)
+
+    def open(self, split: str) -> RawImageDataset:
+        """The files the LMDB backend would serve: the database's sample list when it is current, else validated like a build.
+
+        With ``on_error="skip"`` a build leaves bad files out; the raw backend must leave out the same ones
+        so that an A/B differs in storage alone. It never builds: it reuses an up-to-date database's list,
+        or (none, and ``on_error="skip"``) reads and decodes every file once here, as the builder would.
+        """
+        dm, options = self.dm, self.dm.build_options
+        folder, database = dm.source_path(split), dm.database_path(split)
+        scan = scan_folder(folder)
+        if database.exists():
+            try:
+                meta = shards.load_meta(database, arrays=True)
+            except (FileNotFoundError, DatabaseError):
+                meta = None
+            current = meta is not None and meta.source.fingerprint == scan.fingerprint()
+            if current and meta.options.get("max_pixels") == options.max_pixels:
+                # the database's size: a block-shuffled order (and shuffle=None's choice) as the lmdb backend's
+                self.sizes[split] = (shards.database_bytes(database), meta.count)
+                return RawImageDataset.from_metadata(folder, meta)
+        self.sizes[split] = (scan.total_bytes, len(scan.files))
+        if options.on_error != "skip":
+            return RawImageDataset(folder)
+        bad = find_bad_files(scan, max_pixels=options.max_pixels, workers=options.workers)
+        if bad:
+            log.warning("The raw backend leaves out %d bad files of %s, as a build would:\n%s", len(bad), folder,
+                        "\n".join(f"  {s.path}: {s.reason}" for s in bad))
+        dm._after_reading_all([f.path for f in scan.files])
+        return RawImageDataset(folder, exclude={s.path for s in bad})
+
+    def cached_files(self) -> list[str]:
+        raw = {d.root: d for d in self.dm.datasets.values() if isinstance(d, RawImageDataset)}
+        return [on_disk(path) for dataset in raw.values() for path in dataset.files()]
+
+    def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
+        return self.sizes.get(split, (0, 0))[0]
+
+    def block_size(self, split: str, dataset: _ImageDataset) -> int | None:
+        if hasattr(dataset, "block_size"):
+            return dataset.block_size
+        return blockread.block_size_for(*self.sizes[split]) if split in self.sizes else None
+
+
+#: The backend class of each ``backend`` value.
+BACKEND_CLASSES: dict[str, type[Backend]] = {"lmdb": LMDBBackend, "raw": RawBackend}
