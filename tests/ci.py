@@ -7,7 +7,12 @@ never ran, so it is a failure instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +34,26 @@ def require(ok: bool, reason: str) -> None:
     if on_ci():
         pytest.fail(f"CI={os.environ.get('CI')!r}, but a prerequisite is missing (elsewhere this test skips): {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def mount(*args: str) -> subprocess.CompletedProcess:
+    """``mount ARGS`` (output captured, never raising)."""
+    return subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+
+
+@contextlib.contextmanager
+def small_tmpfs(disk: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. ``"2m"``) mounted on the empty folder ``disk``, unmounted afterwards.
+
+    Needs root (CI runs as root): elsewhere the calling test skips, on CI it fails (:func:`require`).
+    """
+    reason = ("mounting a small tmpfs needs root" if os.geteuid() != 0 else "no mount command" if shutil.which("mount") is None
+              else None)
+    if reason is None and (mounted := mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk))).returncode != 0:
+        reason = f"cannot mount a tmpfs here ({mounted.stderr.strip()})"
+    require(reason is None, f"{reason}; give the job root and mount rights, as .ci/run expects")
+    try:
+        yield disk
+    finally:
+        if subprocess.run(["umount", str(disk)], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ci import require
+from ci import mount, small_tmpfs
 from imagegen import make_jpegs
 
 from lightning_lmdb import build_lmdb, shards, staging
@@ -188,33 +188,13 @@ def test_a_disk_filling_up_midway_keeps_the_copy_so_far_and_a_rerun_resumes(data
 # --- a real full disk: a small tmpfs -----------------------------------------------------------------
 
 
-def _mount(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
-
-
-def _mount_small_tmpfs(disk: Path) -> str | None:
-    """Mount a 256 KiB tmpfs on ``disk``; the reason it could not be, or None."""
-    if os.geteuid() != 0:
-        return "mounting a small tmpfs needs root"
-    if shutil.which("mount") is None:
-        return "no mount command"
-    mounted = _mount("-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk))
-    return None if mounted.returncode == 0 else f"cannot mount a tmpfs here ({mounted.stderr.strip()})"
-
-
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 256 KiB tmpfs mounted on a fresh folder, unmounted afterwards; skipped where it cannot be mounted, but a failure on CI."""
+    """A 256 KiB tmpfs mounted on a fresh folder, unmounted afterwards (skipped without root, a failure on CI)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    reason = _mount_small_tmpfs(disk)
-    if reason:
-        require(False, f"{reason}; on CI this test must run, not skip: give the job root and mount rights")
-    try:
+    with small_tmpfs(disk, "256k"):
         yield disk
-    finally:
-        if subprocess.run(["umount", str(disk)], capture_output=True, check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
 
 
 @pytest.mark.slow
@@ -235,7 +215,7 @@ def test_a_real_full_disk_refuses_up_front_then_stops_midway_and_a_rerun_resumes
     recorded = len(json.loads((small_disk / "train.lmdb.staging.json").read_text())["blocks"])
     assert recorded > 0 and not (small_disk / "train.lmdb").exists()
 
-    grown = _mount("-o", "remount,size=64m", str(small_disk))
+    grown = mount("-o", "remount,size=64m", str(small_disk))
     assert grown.returncode == 0, grown.stderr
     report = staging.stage(database, small_disk, block_size=BLOCK)
     assert (report.action, report.bytes_copied) == ("resumed", size - recorded * BLOCK)

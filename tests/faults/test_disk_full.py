@@ -8,14 +8,13 @@ build stays where it was. Mounting needs root and mount rights: without them the
 from __future__ import annotations
 
 import errno
-import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ci import mount, small_tmpfs
 from faultkit import contents, leftovers, missing_prerequisite, run_forked
 from imagegen import make_jpegs
 
@@ -25,33 +24,13 @@ from lightning_lmdb.writer import build
 COUNT = 300  # 128 px noise JPEGs: about 3.3 MB, more than the disk
 
 
-def _mount(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
-
-
-def _mount_small_tmpfs(disk: Path) -> str | None:
-    """Mount a 2 MB tmpfs on ``disk``; the reason it could not be, or None."""
-    if os.geteuid() != 0:
-        return "mounting a small tmpfs to fill needs root"
-    if shutil.which("mount") is None:
-        return "no mount command"
-    mounted = _mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk))
-    return None if mounted.returncode == 0 else f"cannot mount a tmpfs here ({mounted.stderr.strip()})"
-
-
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs mounted on a fresh folder, unmounted afterwards; skipped where it cannot be mounted, but a failure on CI."""
+    """A 2 MB tmpfs mounted on a fresh folder, unmounted afterwards (skipped without root, a failure on CI)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    reason = _mount_small_tmpfs(disk)
-    if reason:
-        missing_prerequisite(reason, "run the job as root with mount rights, as .ci/run expects")
-    try:
+    with small_tmpfs(disk, "2m"):
         yield disk
-    finally:
-        if subprocess.run(["umount", str(disk)], capture_output=True, check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
 
 
 @pytest.mark.slow
@@ -68,7 +47,7 @@ def test_full_disk_raises_disk_full_and_a_rerun_resumes(tmp_path: Path, small_di
     _check_message(full.message, small_disk, target, source_bytes=sum(p.stat().st_size for p in source.rglob("*.jpg")))
     assert not target.exists() and fmt.partial_path(target).exists()
 
-    grown = _mount("-o", "remount,size=64m", str(small_disk))
+    grown = mount("-o", "remount,size=64m", str(small_disk))
     assert grown.returncode == 0, grown.stderr
     report = build(source, target, workers=0, commit_every=25, progress=False)
     assert report.action == "resumed"
