@@ -14,9 +14,8 @@ Per-process cost that does not grow with the dataset (measured at ImageNet's 1,2
   not copy them page by page (a Python list of 1.28M targets and paths cost ~165 MiB per worker).
 * Paths are read only when needed (``paths``, error messages): the name of a sample is built on error.
 * A pickled :class:`LMDBImageDataset` (what a ``spawn`` / ``forkserver`` worker receives) holds the
-  database path and how to recompute its view -- e.g. a seeded split is ``(seed, fraction, part)``,
-  recomputed from the record count in each process -- not a row list; each process reads the targets
-  back from the database (a few MB, checked against their digest).
+  database path and the steps of its view (:mod:`lightning_lmdb.views`), not a row list; each process
+  reads the targets back from the database (a few MB, checked against their digest).
 
 Where a sample's time goes (:mod:`lightning_lmdb.loadstats`) is measured only once :meth:`enable_loader_stats`
 is called (``PerfMonitor`` does it): off, a dataset holds no stats table and ``__getitem__`` neither times
@@ -52,7 +51,6 @@ import os
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
@@ -65,13 +63,13 @@ from torch.utils.data import Dataset
 
 from lightning_lmdb import blockread, envs, shards
 from lightning_lmdb import format as fmt
-from lightning_lmdb.batchdecode import Deferred, defer
+from lightning_lmdb.batchdecode import Deferred
 from lightning_lmdb.codec import ImageDecodeError, decode_record
-from lightning_lmdb.decoders import DECODERS, decode
-from lightning_lmdb.errors import OptionError
+from lightning_lmdb.decoders import decode
+from lightning_lmdb.decoding import DecodingChoice, check_decoding
 from lightning_lmdb.folder import read_file, scan_folder
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
-from lightning_lmdb.transforms import ResizedCrop
+from lightning_lmdb.views import RowView, Split
 
 #: Paths of the database environments open in this process.
 open_environments = envs.open_paths
@@ -94,58 +92,15 @@ def auto_readahead(path: str | os.PathLike[str]) -> bool:
     return shards.database_bytes(path) < available_memory()
 
 
-@dataclass(frozen=True)
-class Split:
-    """One part of a seeded random split: a few numbers that recompute the rows in any process.
+class _ImageDataset(RowView, DecodingChoice, Dataset):
+    """What both backends share: the view (:class:`~lightning_lmdb.views.RowView`), transforms, decoding and ``__getitem__``.
 
-    Attributes:
-        seed: Seed of the permutation (``torch.randperm``), the same on every rank and run.
-        fraction: Share of the samples held out as ``"val"`` (at least one sample).
-        part: ``"train"`` (the rest) or ``"val"``.
-    """
-
-    seed: int
-    fraction: float
-    part: str
-
-    def rows(self, size: int) -> np.ndarray:
-        """The sorted positions (into ``range(size)``) of this part."""
-        order = torch.randperm(size, generator=torch.Generator().manual_seed(self.seed)).numpy()
-        n_val = max(1, round(size * self.fraction))
-        return np.sort(order[:n_val] if self.part == "val" else order[n_val:]).astype(_index_dtype(size))
-
-
-def _check_decoding(decoder: str, decode_size: int | None) -> None:
-    if decoder not in DECODERS:
-        raise OptionError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
-    if decode_size is not None and (isinstance(decode_size, bool) or not isinstance(decode_size, int) or decode_size < 1):
-        raise OptionError(f"decode_size={decode_size!r} must be a positive integer (the shorter side the transform needs), or None.")
-
-
-def _index_dtype(size: int) -> type:
-    return np.int32 if size < 2**31 else np.int64
-
-
-class _ImageDataset(Dataset):
-    """What both backends share: the view (rows), targets, transforms and ``__getitem__``.
-
-    A view is a chain of steps applied to all records: a :class:`Split`, or an explicit index array.
-    The rows it selects are computed once per process (:meth:`_view_rows`) and never pickled.
     Loader statistics are off until :meth:`enable_loader_stats`; a view of a dataset with them on gets
     a :class:`LoaderStats` of its own.
-
-    Attributes:
-        decoder: How records become pixels (see :mod:`lightning_lmdb.decoders`); change with :meth:`set_decoding`.
-        decode_size: The shorter side the transform needs (reduced-size JPEG decoding), or ``None``.
-        defer_jpeg: Hand 8-bit JPEGs to the batched device decode as bytes and a drawn crop
-            (:mod:`lightning_lmdb.batchdecode`; the transform must be a ``ResizedCrop``).
     """
 
     _stats: LoaderStats | None = None  # None: off (the default; also a copy unpickled outside a process start)
     _block_reads: blockread.BlockReads | None = None  # None: off (LMDBImageDataset.read_blocks)
-    decoder: str = "pil"
-    decode_size: int | None = None
-    defer_jpeg: bool = False
 
     def __init__(
         self,
@@ -158,94 +113,19 @@ class _ImageDataset(Dataset):
         decoder: str = "pil",
         decode_size: int | None = None,
     ):
-        _check_decoding(decoder, decode_size)
+        check_decoding(decoder, decode_size)
         self.decoder, self.decode_size = decoder, decode_size
         self.classes, self.class_to_idx = classes, class_to_idx
         self.transform, self.target_transform = transform, target_transform
-        self._count = count
-        self._steps: tuple[Split | np.ndarray, ...] = ()
-        self._rows: np.ndarray | None = None  # cache of the view's rows (None: every record)
-        if indices is not None:
-            self._steps = (self._checked(indices, count),)
-
-    # --- the view ---------------------------------------------------------------------------------
-
-    @staticmethod
-    def _checked(indices: Sequence[int] | np.ndarray, size: int) -> np.ndarray:
-        array = np.asarray(indices, dtype=np.int64).reshape(-1)
-        bad = array[(array < 0) | (array >= size)]
-        if len(bad):
-            raise IndexError(f"indices {bad[:5].tolist()} out of range for {size} samples.")
-        return array.astype(_index_dtype(size))
-
-    def _view_rows(self) -> np.ndarray | None:
-        if self._rows is None and self._steps:
-            rows = np.arange(self._count, dtype=_index_dtype(self._count))
-            for step in self._steps:
-                rows = rows[step.rows(len(rows))] if isinstance(step, Split) else rows[step]
-            self._rows = rows
-        return self._rows
-
-    def _row(self, index: int) -> int:
-        rows = self._view_rows()
-        size = self._count if rows is None else len(rows)
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError(f"index {index} out of range for {size} samples.")
-        return index if rows is None else int(rows[index])
+        super().__init__(count, indices)
 
     def _with_step(self, step: Split | np.ndarray | None, transform: Callable[[Any], Any] | None) -> _ImageDataset:
-        clone = object.__new__(type(self))  # not copy.copy: that goes through __getstate__, which drops the arrays
-        clone.__dict__.update(self.__dict__)
-        clone._steps = self._steps if step is None else (*self._steps, step)
-        clone._rows = None
+        clone = super()._with_step(step, transform)
         clone._stats = None if self._stats is None else LoaderStats()
-        clone.transform = transform
         return clone
 
-    def view(self, indices: Sequence[int] | None, transform: Callable[[Any], Any] | None) -> _ImageDataset:
-        """A dataset over ``self[i] for i in indices`` (all when ``None``) with another transform; shares the metadata."""
-        return self._with_step(None if indices is None else self._checked(indices, len(self)), transform)
-
-    def split(
-        self, fraction: float, seed: int, transforms: tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None] = (None, None)
-    ) -> tuple[_ImageDataset, _ImageDataset]:
-        """A seeded ``(train, val)`` split holding out ``fraction`` of this dataset (at least one sample).
-
-        Both parts pickle as ``(seed, fraction, part)`` and recompute their rows in each process.
-        """
-        if not 0.0 < fraction < 1.0:
-            raise OptionError(f"fraction={fraction} must be in (0, 1).")
-        return (self._with_step(Split(seed, fraction, "train"), transforms[0]),
-                self._with_step(Split(seed, fraction, "val"), transforms[1]))
-
-    def set_decoding(self, decoder: str | None = None, decode_size: int | None = None, *, defer_jpeg: bool = False) -> _ImageDataset:
-        """Choose how this dataset (view) decodes: ``decoder`` (unchanged when ``None``), ``decode_size``, ``defer_jpeg``.
-
-        Returns:
-            ``self``.
-
-        Raises:
-            ValueError: An unknown decoder or a bad size; ``defer_jpeg`` without a ``ResizedCrop`` transform.
-        """
-        decoder = self.decoder if decoder is None else decoder
-        _check_decoding(decoder, decode_size)
-        if defer_jpeg and not isinstance(self.transform, ResizedCrop):
-            raise OptionError(
-                f"defer_jpeg=True needs a lightning_lmdb.transforms.ResizedCrop transform (the batched decode applies its crops), "
-                f"not {type(self.transform).__name__}."
-            )
-        self.decoder, self.decode_size, self.defer_jpeg = decoder, decode_size, defer_jpeg
-        return self
-
-    def __len__(self) -> int:
-        rows = self._view_rows()
-        return self._count if rows is None else len(rows)
-
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_rows"] = None  # recomputed from the steps in the receiving process
+        state = super().__getstate__()
         if get_spawning_popen() is None:  # not starting a worker: the stats stay with this process
             state["_stats"] = None
         return state
@@ -267,18 +147,6 @@ class _ImageDataset(Dataset):
         return self._stats
 
     # --- samples ------------------------------------------------------------------------------------
-
-    @property
-    def targets(self) -> list[int]:
-        """Target of each sample, in order (``-1`` for unlabelled images)."""
-        rows, targets = self._view_rows(), self._all_targets()
-        return (targets if rows is None else targets[rows]).tolist()
-
-    @property
-    def paths(self) -> list[str]:
-        """Relative source path of each sample, in order (read on demand)."""
-        rows, table = self._view_rows(), self._path_table()
-        return table.tolist() if rows is None else [table[int(r)] for r in rows]
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         if self._stats is not None:
@@ -313,19 +181,10 @@ class _ImageDataset(Dataset):
             target = self.target_transform(target)
         return image, target
 
-    def _all_targets(self) -> np.ndarray:
-        raise NotImplementedError
-
-    def _path_table(self) -> fmt.PathTable:
-        raise NotImplementedError
-
     def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
         """The RGB image of record ``row``; appends ``time.perf_counter()`` to ``marks`` once its bytes are in memory."""
         raise NotImplementedError
 
-    def _deferred(self, data: bytes | memoryview) -> Deferred | None:
-        """The sample left to the batched device decode, when this view defers JPEGs and the record is one it takes."""
-        return defer(data, self.transform) if self.defer_jpeg and isinstance(self.transform, ResizedCrop) else None
 
 
 class LMDBImageDataset(_ImageDataset):
@@ -357,7 +216,7 @@ class LMDBImageDataset(_ImageDataset):
         readahead: bool | None = None,
         indices: Sequence[int] | None = None,
     ):
-        _check_decoding(decoder, decode_size)
+        check_decoding(decoder, decode_size)
         self.path = str(Path(path).absolute())
         self.readahead = auto_readahead(self.path) if readahead is None else readahead
         meta = self._set_parts()
@@ -553,7 +412,7 @@ class RawImageDataset(_ImageDataset):
         indices: Sequence[int] | None = None,
         exclude: Collection[str] = (),
     ):
-        _check_decoding(decoder, decode_size)
+        check_decoding(decoder, decode_size)
         scan = scan_folder(root)
         self.root = str(scan.root)
         kept = [f for f in scan.files if f.relpath not in exclude] if exclude else scan.files

@@ -71,18 +71,18 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_lmdb.errors import OptionError
+from lightning_lmdb.experiment.loaders import _enable, _fit_datasets, loader_stats_of
+from lightning_lmdb.experiment.utilisation import _GpuUtilSampler, cpu_ticks
 from lightning_lmdb.loadstats import LoaderStats, ProcessLoad
 from lightning_lmdb.writer import usable_cpus
 
@@ -104,104 +104,6 @@ _LOGGED = ("epoch_time_s", "samples_per_s", "data_wait_s", "data_wait_frac", "ba
            "loader_read_ms", "loader_decode_ms", "loader_transform_ms", "worker_cpu_s", "worker_cpu_frac",
            "main_cpu_s", "main_cpu_frac", "cpu_busy_frac",
            "gpu_util_pct", "gpu_util_median_pct", "gpu_mem_peak_mb")
-#: /proc/stat columns that count as busy: user, nice, system, irq, softirq, steal (of the first 8).
-_BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
-
-
-def cpu_ticks(cpus: list[int] | None = None) -> tuple[int, int] | None:
-    """``(busy, total)`` clock ticks of ``cpus`` (default: all) since boot, from ``/proc/stat``; None without it.
-
-    Busy is user + nice + system + irq + softirq + steal; total adds idle and iowait (guest time is
-    already inside user and nice).
-    """
-    wanted = None if cpus is None else set(cpus)
-    busy = total = 0
-    try:
-        with open("/proc/stat", encoding="ascii") as handle:
-            for line in handle:
-                if not line.startswith("cpu"):
-                    break  # the cpu lines come first
-                name, *fields = line.split()
-                if name == "cpu" or (wanted is not None and int(name[3:]) not in wanted):
-                    continue
-                ticks = [int(f) for f in fields[:8]]
-                busy += sum(ticks[i] for i in _BUSY_COLUMNS if i < len(ticks))
-                total += sum(ticks)
-    except (OSError, ValueError):
-        return None
-    return (busy, total) if total else None
-
-
-def _datasets(dataset: Any) -> Iterator[Any]:
-    """``dataset`` and the datasets inside it (``Subset``, ``ConcatDataset``), depth first."""
-    yield dataset
-    if isinstance(dataset, Subset):
-        yield from _datasets(dataset.dataset)
-    elif isinstance(dataset, ConcatDataset):
-        for inner in dataset.datasets:
-            yield from _datasets(inner)
-
-
-def _loaders(loaders: Any) -> Iterator[Any]:
-    """The dataloaders in what ``trainer.train_dataloader`` / ``val_dataloaders`` return (one, or a list/dict of them)."""
-    if isinstance(loaders, Mapping):
-        for value in loaders.values():
-            yield from _loaders(value)
-    elif isinstance(loaders, (list, tuple)):
-        for value in loaders:
-            yield from _loaders(value)
-    elif loaders is not None:
-        yield loaders
-
-
-def _enable(dataset: Any) -> LoaderStats | None:
-    """Turn ``dataset``'s loader statistics on when it has an ``enable_loader_stats()`` method; its stats, else None."""
-    enable = getattr(dataset, "enable_loader_stats", None)
-    if not callable(enable):
-        return None
-    try:
-        stats = enable()
-    except Exception:  # a user's own hook: never let it stop training
-        return None
-    return stats if isinstance(stats, LoaderStats) else None
-
-
-def loader_stats_of(loaders: Any) -> tuple[list[LoaderStats], bool]:
-    """The :class:`LoaderStats` of the datasets behind ``loaders``, and whether every loader has ``num_workers=0``.
-
-    A dataset with an ``enable_loader_stats()`` method (``LMDBImageDataset``, ``RawImageDataset``) is asked for
-    its stats (turned on if they were off); other datasets have none.
-    """
-    found: dict[int, LoaderStats] = {}
-    in_process = True
-    for loader in _loaders(loaders):
-        in_process = in_process and not getattr(loader, "num_workers", 0)
-        for dataset in _datasets(getattr(loader, "dataset", None)):
-            stats = _enable(dataset)
-            if stats is not None:
-                found.setdefault(id(stats), stats)
-    return list(found.values()), in_process
-
-
-def _fit_datasets(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Iterator[Any]:
-    """The datasets a fit may load that exist before its loaders are made (and start their workers).
-
-    Those behind the loaders given to ``fit`` (Lightning keeps them in ``trainer.fit_loop._data_source``),
-    and those the DataModule and the LightningModule hold as attributes (also in a dict, list or tuple, or
-    behind a ``DataLoader``), with the datasets inside them (``Subset``, ``ConcatDataset``).
-    """
-    given = getattr(getattr(getattr(trainer, "fit_loop", None), "_data_source", None), "instance", None)
-    if given is not None and not isinstance(given, (pl.LightningModule, pl.LightningDataModule)):
-        for loader in _loaders(given):
-            yield from _datasets(getattr(loader, "dataset", None))
-    for holder in (getattr(trainer, "datamodule", None), pl_module):
-        for value in vars(holder).values() if holder is not None else ():
-            items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else (value,)
-            for item in items:
-                if isinstance(item, DataLoader):
-                    item = item.dataset
-                if isinstance(item, Dataset):
-                    yield from _datasets(item)
 
 
 def batch_size_of(batch: Any) -> int | None:
@@ -215,65 +117,6 @@ def batch_size_of(batch: Any) -> int | None:
             if size is not None:
                 return size
     return None
-
-
-class _GpuUtilSampler:
-    """Daemon thread sampling NVML utilisation of one CUDA device while ``active`` is set."""
-
-    def __init__(self, device_index: int, interval_s: float) -> None:
-        import pynvml  # from nvidia-ml-py; ImportError means "not available"
-
-        self._nvml = pynvml
-        pynvml.nvmlInit()
-        try:
-            self._handle = self._find_handle(device_index)
-        except Exception:
-            pynvml.nvmlShutdown()
-            raise
-        name = pynvml.nvmlDeviceGetName(self._handle)
-        self.name = name.decode() if isinstance(name, bytes) else str(name)
-        self.active = threading.Event()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._samples: list[float] = []
-        self._interval_s = interval_s
-        self._thread = threading.Thread(target=self._run, name="PerfMonitor-nvml", daemon=True)
-        self._thread.start()
-
-    def _find_handle(self, device_index: int) -> Any:
-        """NVML handle of CUDA device ``device_index``, robust to CUDA_VISIBLE_DEVICES remapping."""
-        nvml = self._nvml
-        try:
-            return nvml.nvmlDeviceGetHandleByUUID(
-                "GPU-" + str(torch.cuda.get_device_properties(device_index).uuid))
-        except Exception:  # no uuid on this torch build, or a MIG slice: fall back to the index
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-            if all(v.strip().isdigit() for v in visible) and device_index < len(visible):
-                device_index = int(visible[device_index])
-            return nvml.nvmlDeviceGetHandleByIndex(device_index)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            if not self.active.is_set():
-                continue
-            try:
-                util = float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
-            except self._nvml.NVMLError:
-                continue
-            with self._lock:
-                self._samples.append(util)
-
-    def take(self) -> list[float]:
-        """Return the samples collected since the last call and start a new list."""
-        with self._lock:
-            samples, self._samples = self._samples, []
-        return samples
-
-    def close(self) -> None:
-        """Stop the thread and release NVML; safe to call once."""
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-        self._nvml.nvmlShutdown()
 
 
 class PerfMonitor(pl.Callback):

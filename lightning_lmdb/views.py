@@ -1,0 +1,143 @@
+"""The view of a dataset: which of its records it serves, in what order, with their targets and paths.
+
+A view is a chain of steps applied to all records: a seeded :class:`Split`, or an explicit index array.
+The rows it selects are computed once per process (:meth:`RowView._view_rows`) from those few steps, and
+never pickled: a pickled view (what a ``spawn`` / ``forkserver`` worker receives) holds e.g. a seeded
+split as ``(seed, fraction, part)``, recomputed from the record count in each process, not a row list.
+Rows live in numpy arrays (``int32`` below 2**31 records), never one Python object per record, so a forked
+DataLoader worker does not copy them page by page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+
+from lightning_lmdb.errors import OptionError
+
+if TYPE_CHECKING:
+    from lightning_lmdb import format as fmt
+
+_View = TypeVar("_View", bound="RowView")
+
+
+def _index_dtype(size: int) -> type:
+    return np.int32 if size < 2**31 else np.int64
+
+
+@dataclass(frozen=True)
+class Split:
+    """One part of a seeded random split: a few numbers that recompute the rows in any process.
+
+    Attributes:
+        seed: Seed of the permutation (``torch.randperm``), the same on every rank and run.
+        fraction: Share of the samples held out as ``"val"`` (at least one sample).
+        part: ``"train"`` (the rest) or ``"val"``.
+    """
+
+    seed: int
+    fraction: float
+    part: str
+
+    def rows(self, size: int) -> np.ndarray:
+        """The sorted positions (into ``range(size)``) of this part."""
+        order = torch.randperm(size, generator=torch.Generator().manual_seed(self.seed)).numpy()
+        n_val = max(1, round(size * self.fraction))
+        return np.sort(order[:n_val] if self.part == "val" else order[n_val:]).astype(_index_dtype(size))
+
+
+class RowView:
+    """The rows of a dataset's records it serves (all, or a chain of :class:`Split` and index steps), and their targets and paths.
+
+    Subclasses provide :meth:`_all_targets` and :meth:`_path_table` (of all records) and a ``transform``
+    attribute, which :meth:`view` and :meth:`split` replace in the views they make.
+    """
+
+    transform: Callable[[Any], Any] | None
+
+    def __init__(self, count: int, indices: Sequence[int] | None) -> None:
+        self._count = count
+        self._steps: tuple[Split | np.ndarray, ...] = ()
+        self._rows: np.ndarray | None = None  # cache of the view's rows (None: every record)
+        if indices is not None:
+            self._steps = (self._checked(indices, count),)
+
+    @staticmethod
+    def _checked(indices: Sequence[int] | np.ndarray, size: int) -> np.ndarray:
+        array = np.asarray(indices, dtype=np.int64).reshape(-1)
+        bad = array[(array < 0) | (array >= size)]
+        if len(bad):
+            raise IndexError(f"indices {bad[:5].tolist()} out of range for {size} samples.")
+        return array.astype(_index_dtype(size))
+
+    def _view_rows(self) -> np.ndarray | None:
+        if self._rows is None and self._steps:
+            rows = np.arange(self._count, dtype=_index_dtype(self._count))
+            for step in self._steps:
+                rows = rows[step.rows(len(rows))] if isinstance(step, Split) else rows[step]
+            self._rows = rows
+        return self._rows
+
+    def _row(self, index: int) -> int:
+        rows = self._view_rows()
+        size = self._count if rows is None else len(rows)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError(f"index {index} out of range for {size} samples.")
+        return index if rows is None else int(rows[index])
+
+    def _with_step(self: _View, step: Split | np.ndarray | None, transform: Callable[[Any], Any] | None) -> _View:
+        clone = object.__new__(type(self))  # not copy.copy: that goes through __getstate__, which drops the arrays
+        clone.__dict__.update(self.__dict__)
+        clone._steps = self._steps if step is None else (*self._steps, step)
+        clone._rows = None
+        clone.transform = transform
+        return clone
+
+    def view(self: _View, indices: Sequence[int] | None, transform: Callable[[Any], Any] | None) -> _View:
+        """A dataset over ``self[i] for i in indices`` (all when ``None``) with another transform; shares the metadata."""
+        return self._with_step(None if indices is None else self._checked(indices, len(self)), transform)
+
+    def split(
+        self: _View, fraction: float, seed: int, transforms: tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None] = (None, None)
+    ) -> tuple[_View, _View]:
+        """A seeded ``(train, val)`` split holding out ``fraction`` of this dataset (at least one sample).
+
+        Both parts pickle as ``(seed, fraction, part)`` and recompute their rows in each process.
+        """
+        if not 0.0 < fraction < 1.0:
+            raise OptionError(f"fraction={fraction} must be in (0, 1).")
+        return (self._with_step(Split(seed, fraction, "train"), transforms[0]),
+                self._with_step(Split(seed, fraction, "val"), transforms[1]))
+
+    def __len__(self) -> int:
+        rows = self._view_rows()
+        return self._count if rows is None else len(rows)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_rows"] = None  # recomputed from the steps in the receiving process
+        return state
+
+    @property
+    def targets(self) -> list[int]:
+        """Target of each sample, in order (``-1`` for unlabelled images)."""
+        rows, targets = self._view_rows(), self._all_targets()
+        return (targets if rows is None else targets[rows]).tolist()
+
+    @property
+    def paths(self) -> list[str]:
+        """Relative source path of each sample, in order (read on demand)."""
+        rows, table = self._view_rows(), self._path_table()
+        return table.tolist() if rows is None else [table[int(r)] for r in rows]
+
+    def _all_targets(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _path_table(self) -> fmt.PathTable:
+        raise NotImplementedError
