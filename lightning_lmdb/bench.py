@@ -40,7 +40,7 @@ from typing import Any
 
 import lmdb
 
-from lightning_lmdb import envs, shards
+from lightning_lmdb import database, envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.cache import evict, resident_fraction
 from lightning_lmdb.codec import decode_record
@@ -107,8 +107,8 @@ def run_read_benchmark(
     target = Path(target).expanduser().absolute()
     storage, shard_count = _existing_layout(target)
     build_lmdb(source_root, target, storage=storage, workers=workers, progress=False, shards=shard_count)
-    meta = shards.load_meta(target, arrays=True)
-    database = [str(f) for f in shards.database_files(target)]
+    meta = database.load_meta(target, arrays=True)
+    db_files = [str(f) for f in database.database_files(target)]
     storage = meta.storage
     order = list(range(meta.count))
     random.Random(seed).shuffle(order)
@@ -123,8 +123,8 @@ def run_read_benchmark(
     for rep in range(passes):
         shift = rep % len(STORAGES)
         for name, readahead in STORAGES[shift:] + STORAGES[:shift]:
-            evict([*raw_paths, *database], sync=rep == 0)
-            fractions = {"lmdb": max(resident_fraction(f) for f in database), "raw": max(resident_fraction(p) for p in sample)}
+            evict([*raw_paths, *db_files], sync=rep == 0)
+            fractions = {"lmdb": max(resident_fraction(f) for f in db_files), "raw": max(resident_fraction(p) for p in sample)}
             worst = fractions["raw"] if readahead is None else fractions["lmdb"]
             resident[name].append(worst)
             if worst > EVICTED_MAX:
@@ -185,10 +185,10 @@ def _served(source: Path, target: Path, files: list[str], raw: bool, latency_ms:
 def _existing_layout(target: Path) -> tuple[str, int | None]:
     """The storage and shard count of an existing finished database at ``target`` (so it is not rebuilt), else one encoded file."""
     try:
-        storage = shards.load_meta(target).storage
+        storage = database.load_meta(target).storage
     except (FileNotFoundError, fmt.DatabaseError):
         return "encoded", None
-    return storage, len(shards.database_files(target)) if shards.is_sharded(target) else None
+    return storage, len(database.database_files(target)) if database.is_sharded(target) else None
 
 
 def _pass(
@@ -205,7 +205,7 @@ def _pass(
             if decoder is not None:
                 decode(data, decoder, name=path)
         return time.perf_counter() - started, total
-    parts = shards.parts(target)  # one file, or the shards of a sharded folder
+    parts = database.parts(target)  # one file, or the shards of a sharded folder
     starts = [part.offset for part in parts]
     opened = []
     try:
@@ -240,9 +240,9 @@ def _print_table(
     storage: str, latency_ms: float | None = None,
 ) -> None:
     src_mb = meta.source.bytes / 1e6
-    db_mb = shards.database_bytes(target) / 1e6
+    db_mb = database.database_bytes(target) / 1e6
     work = f"read + decode to RGB ({decode})" if decode else "read bytes"
-    ra_kb = _read_ahead_kb(shards.database_files(target)[0])
+    ra_kb = _read_ahead_kb(database.database_files(target)[0])
     out(
         f"{rows[0]['samples']} of {meta.count} records, shuffled; {work}; {storage} storage; "
         f"source {src_mb:.1f} MB, database {db_mb:.1f} MB; median of {passes} pass(es); "

@@ -243,7 +243,9 @@ def read_build_id(env: lmdb.Environment, path: str | os.PathLike[str] = "<databa
 
 
 def load_meta(path: str | os.PathLike[str], *, arrays: bool = False) -> Metadata:
-    """Check a database file and return its validated metadata (reusing this process's environment on it).
+    """Check one database file and return its validated metadata (reusing this process's environment on it).
+
+    For a database of either layout (a file or a sharded folder) use :func:`lightning_lmdb.database.load_meta`.
 
     Args:
         path: The database file.

@@ -328,7 +328,10 @@ class Metadata:
 
 
 def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>", *, arrays: bool = False) -> Metadata:
-    """Read and validate the metadata of an open database (version 1 or 2).
+    """Read and validate the metadata of an open database file (version 1 or 2).
+
+    The low-level reader of one open environment; to open a database of either layout by path use
+    :func:`lightning_lmdb.database.open_database` / :func:`lightning_lmdb.database.load_meta`.
 
     Args:
         env: The open environment.

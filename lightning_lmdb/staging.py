@@ -36,9 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_lmdb import database
 from lightning_lmdb import format as fmt
-from lightning_lmdb import shards
-from lightning_lmdb.envs import load_meta
 from lightning_lmdb.errors import OptionError, StagingError
 from lightning_lmdb.writer import DiskFullError
 
@@ -77,7 +76,7 @@ class _Identity:
     @classmethod
     def of(cls, source: Path) -> _Identity:
         st = source.stat()
-        return cls(str(source), st.st_size, st.st_mtime_ns, load_meta(source).build_id)
+        return cls(str(source), st.st_size, st.st_mtime_ns, database.load_meta(source).build_id)
 
 
 def staged_path(source: str | os.PathLike[str], local_dir: str | os.PathLike[str]) -> Path:
@@ -106,7 +105,7 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
     """
     started = time.perf_counter()
     source = Path(source).expanduser().absolute()
-    if shards.is_sharded(source):
+    if database.is_sharded(source):
         return _stage_sharded(source, local_dir, block_size, started)
     target = staged_path(source, local_dir)
     if block_size < 1:
@@ -136,25 +135,25 @@ def stage(source: str | os.PathLike[str], local_dir: str | os.PathLike[str], *, 
 
 def _stage_sharded(source: Path, local_dir: str | os.PathLike[str], block_size: int, started: float) -> StageReport:
     """Stage each shard of a sharded folder, then its manifest (last); drop local shard files the manifest does not list."""
-    manifest = shards.manifest_of(source)
+    parts = database.parts(source)  # the manifest's shards (refused, saying what to run, before it is written)
     target = staged_path(source, local_dir)
     if target.absolute() == source or target.resolve() == source.resolve():
         raise OptionError(f"local_dir {str(Path(local_dir))!r} holds the database {str(source)!r} itself; stage it to another folder.")
     target.mkdir(parents=True, exist_ok=True)
-    identities = [_Identity.of(Path(part.path)) for part in manifest.parts]
+    identities = [_Identity.of(Path(part.path)) for part in parts]
     have = sum(_local_bytes(staged_path(i.source, target), i) for i in identities)
     _require_space(target, source.name, sum(i.size for i in identities), have)  # all shards up front, not shard by shard
-    reports = [stage(part.path, target, block_size=block_size) for part in manifest.parts]
-    wanted = {Path(part.path).name for part in manifest.parts}
-    data = (source / shards.MANIFEST_NAME).read_bytes()
-    with fmt.file_lock(target / (shards.MANIFEST_NAME + ".staging.lock")):
-        for path in shards.shard_files(target).values():
+    reports = [stage(part.path, target, block_size=block_size) for part in parts]
+    wanted = {Path(part.path).name for part in parts}
+    data = (source / database.MANIFEST_NAME).read_bytes()
+    with fmt.file_lock(target / (database.MANIFEST_NAME + ".staging.lock")):
+        for path in database.shard_files(target).values():
             if path.name not in wanted:
                 path.unlink()
-        copy = target / shards.MANIFEST_NAME
+        copy = target / database.MANIFEST_NAME
         if not (copy.exists() and copy.read_bytes() == data):
             fmt.write_atomically(copy, data)
-    shards.load_meta(target)  # the copies match the manifest (counts, build ids, header digests)
+    database.load_meta(target)  # the copies match the manifest (counts, build ids, header digests)
     actions = {r.action for r in reports}
     action = "resumed" if "resumed" in actions else "copied" if "copied" in actions else "up-to-date"
     return StageReport(target, action, sum(r.bytes_copied for r in reports), time.perf_counter() - started)

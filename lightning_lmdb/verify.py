@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_lmdb import envs, shards
+from lightning_lmdb import database, envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record
 
@@ -53,13 +53,13 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         FileNotFoundError, DatabaseError: As :func:`lightning_lmdb.format.open_env`.
     """
-    meta = shards.load_meta(path)
-    size = shards.database_bytes(path)
+    meta = database.load_meta(path)
+    size = database.database_bytes(path)
     source = meta.source
     return {
         "path": str(path),
         "format_version": meta.version,
-        **({"shards": len(shards.database_files(path))} if shards.is_sharded(path) else {}),
+        **({"shards": len(database.database_files(path))} if database.is_sharded(path) else {}),
         "storage": meta.storage,
         "count": meta.count,
         "num_classes": len(meta.classes),
@@ -109,7 +109,7 @@ def verify_lmdb(
         FileNotFoundError, DatabaseError: The database cannot be opened (see ``format.open_env``).
         FileNotFoundError, ValueError: ``source`` is missing or holds no images (see ``folder.scan_folder``).
     """
-    meta, parts = shards.open_database(path, arrays=True)
+    meta, parts = database.open_database(path, arrays=True)
     assert meta.paths is not None and meta.checksums is not None  # arrays=True
     paths = meta.paths.tolist()
     with_source = source is not None
@@ -128,7 +128,7 @@ def verify_lmdb(
         skipped = {s.path for s in report.skipped}
         report.problems += [f"{p}: in the source but not in the database" for p in sorted(in_source - stored - skipped)]
         report.problems += [f"{p}: in the database but no longer in the source" for p in sorted(stored - files.keys())]
-    sharded = shards.is_sharded(path)
+    sharded = database.is_sharded(path)
     for part in parts:  # one file, or each shard of a sharded folder
         where = f" ({Path(part.path).name})" if sharded else ""
         with envs.reading(part.path) as opened, opened.env.begin(db=opened.records, buffers=True) as txn:

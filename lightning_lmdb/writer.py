@@ -33,12 +33,12 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from lightning_lmdb import envs, shards
+from lightning_lmdb import database, envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
 from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, SourceError, StaleDatabaseError
 from lightning_lmdb.folder import NotRegularFileError, PrefixFingerprint, SourceScan, read_file, scan_folder
-from lightning_lmdb.options import CONTENT_OPTIONS, BuildOptions
+from lightning_lmdb.options import BuildOptions
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def build(
         report = build_shards(source_root, target, options, None if options.shard is None else [options.shard])
         report.seconds = time.perf_counter() - started
         return report
-    if shards.is_sharded(target):
+    if database.is_sharded(target):
         raise FileExistsError(f"{str(target)!r} is a sharded database folder; build it with shards=K (CLI: --shards K), or choose "
                               "another target for a single-file database. It is left untouched.")
     meta = _existing_meta(target)  # a target that is not a database is refused before anything is created
@@ -138,9 +138,9 @@ def build(
     with _build_lock(target):
         meta = _existing_meta(target)
         if meta is not None and not options.overwrite:
-            if options.on_stale == "ignore" or _is_current(meta, scan, options.content()):
+            if options.on_stale == "ignore" or database.is_current(meta, scan, options.content()):
                 return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
-            reason = _stale_reason(target, meta, scan, options.content())
+            reason = database.stale_reason(target, meta, scan, options.content())
             if options.on_stale == "error":
                 raise StaleDatabaseError(
                     f"{str(target)!r} was built {reason}. Rebuild it with on_stale='rebuild' (CLI: --on-stale rebuild), "
@@ -184,7 +184,7 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{str(folder)!r} is a file (a single-file database?); a sharded build makes a folder there. Remove it "
                               "or choose another target. It is left untouched.")
-    if folder.is_dir() and any(folder.iterdir()) and not shards.is_sharded(folder):
+    if folder.is_dir() and any(folder.iterdir()) and not database.is_sharded(folder):
         raise FileExistsError(f"{str(folder)!r} is a folder that is not a sharded database; choose a new or empty folder as the "
                               "target. It is left untouched.")
     existing = _existing_sharded_meta(folder)
@@ -196,10 +196,11 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
                          f"{len(scan.files)}.")
     if existing is not None and not options.overwrite:
         meta, built_with = existing
-        if built_with == count_of and (options.on_stale == "ignore" or _is_current(meta, scan, options.content())):
+        current = database.is_current(meta, scan, options.content())
+        if built_with == count_of and (options.on_stale == "ignore" or current):
             return BuildReport(folder, "up-to-date", 0, meta.count, meta.skipped)
-        reason = (f"with {built_with} shards, not {count_of}" if built_with != count_of and _is_current(meta, scan, options.content())
-                  else _stale_reason(folder, meta, scan, options.content()))
+        reason = (f"with {built_with} shards, not {count_of}" if built_with != count_of and current
+                  else database.stale_reason(folder, meta, scan, options.content()))
         if options.on_stale == "error":
             raise StaleDatabaseError(f"{str(folder)!r} was built {reason}. Rebuild it with on_stale='rebuild' (CLI: --on-stale "
                                      "rebuild), or keep it as it is with on_stale='ignore'.")
@@ -224,11 +225,10 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     if missing:  # a job array's task: the task completing the last shard writes the manifest
         log.info("Built shard(s) %s of %d of %s; shard(s) %s are still to be built.", todo, count_of, folder, missing)
         return BuildReport(folder, action, written, sum(r.count for r in reports), [s for r in reports for s in r.skipped])
-    if not any(envs.load_meta(path).count for path in shards.database_files(folder)):
+    if not any(database.load_meta(path).count for path in database.database_files(folder)):
         raise BuildError(f"Every image in {str(source_root)!r} was skipped as unreadable; nothing to build. See the reasons above.")
-    manifest = shards.finalize(folder)
-    meta = shards.load_meta(folder)
-    return BuildReport(folder, action, written, manifest.count, meta.skipped)
+    meta = shards.finalize(folder)
+    return BuildReport(folder, action, written, meta.count, meta.skipped)
 
 
 @dataclass(frozen=True)
@@ -327,17 +327,17 @@ def _build_shard(job: _ShardJob, options: BuildOptions) -> BuildReport:
     """Build (or resume, or keep) one shard file: a single-file build of its range with a ``shard`` header."""
     with _build_lock(job.path):
         meta = _existing_meta(job.path)
-        if meta is not None and not options.overwrite and _is_current(meta, job.scan, options.content()) and meta.shard == job.info:
+        if meta is not None and not options.overwrite and database.is_current(meta, job.scan, options.content(), shard=job.info):
             return BuildReport(job.path, "up-to-date", 0, meta.count, meta.skipped)
         return _Writer(job.scan, job.path, options, job.info, job.line).run()
 
 
 def _existing_sharded_meta(folder: Path) -> tuple[fmt.Metadata, int] | None:
     """``(metadata, shard count)`` of the finished sharded database in ``folder``, or ``None`` when it has no valid manifest."""
-    if not (folder / shards.MANIFEST_NAME).exists():
+    if not (folder / database.MANIFEST_NAME).exists():
         return None
     try:
-        meta, parts = shards.open_database(folder)
+        meta, parts = database.open_database(folder)
     except (fmt.DatabaseError, OSError):
         return None
     return meta, len(parts)
@@ -347,8 +347,8 @@ def _retire_manifest(folder: Path, count_of: int) -> None:
     """Before a rebuild: remove the manifest first (readers then see an unfinished build, never a mix) and shards of another count."""
     with shards.manifest_lock(folder):
         with contextlib.suppress(FileNotFoundError):
-            (folder / shards.MANIFEST_NAME).unlink()
-        for (_, of), path in shards.shard_files(folder).items():
+            (folder / database.MANIFEST_NAME).unlink()
+        for (_, of), path in database.shard_files(folder).items():
             if of != count_of:
                 path.unlink()
         fmt.fsync_dir(folder)
@@ -377,34 +377,12 @@ def _existing_meta(target: Path) -> fmt.Metadata | None:
     if not target.exists():
         return None
     try:
-        return envs.load_meta(target)
+        return database.load_meta(target)
     except fmt.DatabaseError as exc:
         raise FileExistsError(
             f"{str(target)!r} exists and is not a usable lightning_lmdb database ({exc}). "
             "It is left untouched: remove it yourself or choose another target."
         ) from exc
-
-
-def _is_current(meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -> bool:
-    return meta.version == fmt.FORMAT_VERSION and meta.source.fingerprint == scan.fingerprint() and _same_options(meta, options)
-
-
-def _same_options(meta: fmt.Metadata, options: dict[str, Any]) -> bool:
-    """The content options (:data:`CONTENT_OPTIONS`) a database was built with equal ``options`` (absent = not set)."""
-    keys = set(options) | (set(meta.options) & set(CONTENT_OPTIONS))
-    return all(meta.options.get(key) == options.get(key) for key in keys)
-
-
-def _stale_reason(target: Path, meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -> str:
-    """How a database differs from what a build now would make (completes "was built ...")."""
-    if meta.version != fmt.FORMAT_VERSION:
-        return f"in format version {meta.version}; this lightning_lmdb writes version {fmt.FORMAT_VERSION}"
-    if not _same_options(meta, options):
-        return f"with other options ({meta.options} vs {options})"
-    paths = shards.load_meta(target, arrays=True).paths
-    old = set(paths.tolist() if paths is not None else []) | {s.path for s in meta.skipped}
-    new = {f.relpath for f in scan.files}
-    return f"from a source that changed since ({len(new - old)} files added, {len(old - new)} removed, the rest modified or relabelled)"
 
 
 def _build_lock(target: Path) -> contextlib.AbstractContextManager[None]:
@@ -505,7 +483,7 @@ class _Writer:
             return None
         finally:
             env.close()
-        return meta if _is_current(meta, self.scan, self.options) and meta.shard == self.shard else None
+        return meta if database.is_current(meta, self.scan, self.options, shard=self.shard) else None
 
     def _open_partial(self) -> tuple[lmdb.Environment, int, list[dict[str, str]]]:
         """Open ``TARGET.partial``, resuming it when it was started on the same source prefix and options."""
