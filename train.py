@@ -47,12 +47,7 @@ from lightning_lmdb.experiment.report import SUMMARY_NAME
 log = logging.getLogger("train")
 
 #: Failures of the input, the config or the disk: one line, no traceback (the project's own errors count too).
-_EXPECTED_ERRORS = (OSError, lmdb.Error, OmegaConfBaseException, HydraException)
-
-
-def _raised_by_the_project(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of the project's errors (bad input, a damaged database ...), not a bug."""
-    return isinstance(exc, lightning_lmdb.LightningLMDBError)
+_EXPECTED_ERRORS = (lightning_lmdb.LightningLMDBError, OSError, lmdb.Error, OmegaConfBaseException, HydraException)
 
 
 def expected_error(exc: BaseException) -> BaseException | None:
@@ -67,7 +62,7 @@ def expected_error(exc: BaseException) -> BaseException | None:
             return cause
         mismatched_call = isinstance(cause, TypeError) and cause.__traceback__ is not None and cause.__traceback__.tb_next is None
         return exc if mismatched_call else None
-    return exc if isinstance(exc, _EXPECTED_ERRORS) or _raised_by_the_project(exc) else None
+    return exc if isinstance(exc, _EXPECTED_ERRORS) else None
 
 
 def error_line(exc: BaseException) -> str:

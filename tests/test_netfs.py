@@ -217,11 +217,17 @@ def test_a_mount_left_by_a_killed_run_is_replaced(tmp_path: Path) -> None:
     assert not netfs.is_mounted(tmp_path / "mnt")
 
 
-@needs_fuse
-def test_cli_serves_until_ctrl_c(tmp_path: Path) -> None:
+def _start_cli_netfs(tmp_path: Path) -> tuple[Path, subprocess.Popen]:
+    """``lightning-lmdb netfs SRC MNT --latency-ms 1`` started on a fresh folder; its source and process."""
     source = _folder(tmp_path / "src")
     process = subprocess.Popen([sys.executable, "-m", "lightning_lmdb.cli", "netfs", str(source), str(tmp_path / "mnt"), "--latency-ms",
                                 "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return source, process
+
+
+@needs_fuse
+def test_cli_serves_until_ctrl_c(tmp_path: Path) -> None:
+    source, process = _start_cli_netfs(tmp_path)
     try:
         line = process.stdout.readline()
         assert "serving" in line and "Ctrl-C unmounts" in line
@@ -240,9 +246,7 @@ def test_cli_serves_until_ctrl_c(tmp_path: Path) -> None:
 
 @needs_fuse
 def test_cli_unmounts_and_stops_its_server_on_sigterm(tmp_path: Path) -> None:
-    source = _folder(tmp_path / "src")
-    process = subprocess.Popen([sys.executable, "-m", "lightning_lmdb.cli", "netfs", str(source), str(tmp_path / "mnt"), "--latency-ms",
-                                "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    source, process = _start_cli_netfs(tmp_path)
     try:
         assert "serving" in process.stdout.readline()
         assert _mounts_under(tmp_path / "mnt") and _servers_under(tmp_path / "mnt"), "mounted and served"
