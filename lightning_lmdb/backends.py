@@ -15,8 +15,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_lmdb import blockread, netfs, shards
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset
 from lightning_lmdb.errors import CacheDirError
-from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.format import DatabaseError
+from lightning_lmdb.sources import scan_source
 from lightning_lmdb.staging import stage, staged_path
 from lightning_lmdb.writer import build_lmdb, build_shards, find_bad_files
 
@@ -176,7 +176,7 @@ class RawBackend(Backend):
         """
         dm, options = self.dm, self.dm.build_options
         folder, database = dm.source_path(split), dm.database_path(split)
-        scan = scan_folder(folder)
+        scan = scan_source(folder)
         if database.exists():
             try:
                 meta = shards.load_meta(database, arrays=True)

@@ -47,7 +47,7 @@ from lightning_lmdb import format as fmt
 from lightning_lmdb.options import CONTENT_OPTIONS
 
 if TYPE_CHECKING:
-    from lightning_lmdb.folder import SourceScan
+    from lightning_lmdb.sources import SourceScan
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = "build-lock"

@@ -67,8 +67,8 @@ from lightning_lmdb.batchdecode import Deferred
 from lightning_lmdb.codec import ImageDecodeError, decode_record
 from lightning_lmdb.decoders import decode
 from lightning_lmdb.decoding import DecodingChoice, check_decoding
-from lightning_lmdb.folder import read_file, scan_folder
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
+from lightning_lmdb.sources import read_file, scan_source
 from lightning_lmdb.views import RowView, Split
 
 #: Paths of the database environments open in this process.
@@ -413,7 +413,7 @@ class RawImageDataset(_ImageDataset):
         exclude: Collection[str] = (),
     ):
         check_decoding(decoder, decode_size)
-        scan = scan_folder(root)
+        scan = scan_source(root)
         self.root = str(scan.root)
         kept = [f for f in scan.files if f.relpath not in exclude] if exclude else scan.files
         self._targets = np.array([f.target for f in kept], dtype=np.int32)

@@ -1,4 +1,4 @@
-"""Scan a source folder exactly like ``torchvision.datasets.ImageFolder``.
+"""The folder source kind: scan a folder exactly like ``torchvision.datasets.ImageFolder``.
 
 Two layouts are accepted:
 
@@ -15,82 +15,27 @@ apart (``SourceScan.special``) and never opened, and the builder refuses or skip
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension, make_dataset
 
 from lightning_lmdb.errors import NotRegularFileError, SourceError
+from lightning_lmdb.sources import NO_TARGET, PrefixFingerprint, SourceFile, SourceScan, not_regular_reason, read_file
 
-#: Target given to every sample of a flat (unlabelled) folder.
-NO_TARGET = -1
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One image file of a scanned source folder.
-
-    Attributes:
-        path: Absolute path of the file.
-        relpath: Path relative to the source root, with ``/`` separators.
-        target: Class index, or ``NO_TARGET`` for a flat folder.
-        size: File size in bytes at scan time.
-        mtime_ns: Modification time in nanoseconds at scan time.
-    """
-
-    path: str
-    relpath: str
-    target: int
-    size: int
-    mtime_ns: int
+__all__ = ["NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "SourceScan", "accepts", "read_file", "scan",
+           "scan_folder"]
 
 
-@dataclass(frozen=True)
-class SourceScan:
-    """The result of scanning a source folder.
-
-    Attributes:
-        root: The resolved source folder.
-        classes: Class names in index order (empty for a flat folder).
-        class_to_idx: Class name to index.
-        files: Samples in ImageFolder order.
-        special: ``(relpath, reason)`` of entries named like images that are not regular files.
-    """
-
-    root: Path
-    classes: list[str]
-    class_to_idx: dict[str, int]
-    files: list[SourceFile]
-    special: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def total_bytes(self) -> int:
-        """Sum of the file sizes."""
-        return sum(f.size for f in self.files)
-
-    def fingerprint(self, stop: int | None = None) -> str:
-        """A digest of relative paths, targets, sizes and mtimes of ``files[:stop]``.
-
-        Any file added, removed, renamed, relabelled or modified changes it.
-        """
-        return PrefixFingerprint(self.files).advance(len(self.files) if stop is None else stop)
+def accepts(path: Path) -> bool:
+    """Whether ``path`` is a folder (this source kind; see :mod:`lightning_lmdb.sources`)."""
+    return path.is_dir()
 
 
-class PrefixFingerprint:
-    """Fingerprints of growing prefixes of a file list, computed incrementally (each file hashed once)."""
-
-    def __init__(self, files: list[SourceFile]):
-        self._files, self._done, self._digest = files, 0, hashlib.sha256()
-
-    def advance(self, stop: int) -> str:
-        """The fingerprint of ``files[:stop]``; ``stop`` must not decrease between calls."""
-        for f in self._files[self._done : stop]:
-            self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}\n".encode("utf-8", "surrogatepass"))
-        self._done = max(self._done, stop)
-        return self._digest.copy().hexdigest()
+def scan(source: str | os.PathLike[str]) -> SourceScan:
+    """The source-kind entry (:mod:`lightning_lmdb.sources`): :func:`scan_folder`."""
+    return scan_folder(source)
 
 
 def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
@@ -143,34 +88,9 @@ def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
             size, mtime_ns = 0, 0
         else:
             if not stat.S_ISREG(st.st_mode):
-                special.append((relpath, _not_regular_reason(st.st_mode)))
+                special.append((relpath, not_regular_reason(st.st_mode)))
                 continue
         files.append(SourceFile(path=path, relpath=relpath, target=target, size=size, mtime_ns=mtime_ns))
     return SourceScan(root=root, classes=list(classes), class_to_idx=dict(class_to_idx), files=files, special=special)
 
 
-def _not_regular_reason(mode: int) -> str:
-    kind = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
-            stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder"}.get(stat.S_IFMT(mode), "not a regular file")
-    return f"is {kind}, not an image file; it is never opened (reading it could block forever). Remove it or rename it."
-
-
-def read_file(path: str | os.PathLike[str]) -> bytes:
-    """Read a whole image file, refusing anything but a regular file without ever blocking on it.
-
-    The file is opened with ``O_NONBLOCK`` (so a FIFO does not wait for a writer) and checked with
-    ``fstat`` before any read.
-
-    Raises:
-        NotRegularFileError: A FIFO, socket, device or folder.
-        OSError: It cannot be opened or read.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFileError(os.fspath(path), _not_regular_reason(st.st_mode))
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read()
-    finally:
-        os.close(fd)

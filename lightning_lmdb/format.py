@@ -243,7 +243,7 @@ class SourceInfo:
         root: The source folder.
         num_files: Image files scanned (records plus skipped files).
         bytes: Their total size.
-        fingerprint: Digest of paths, targets, sizes and mtimes (see ``folder.SourceScan.fingerprint``).
+        fingerprint: Digest of paths, targets, sizes and mtimes (see ``sources.SourceScan.fingerprint``).
     """
 
     root: str

@@ -107,7 +107,7 @@ def verify_lmdb(
 
     Raises:
         FileNotFoundError, DatabaseError: The database cannot be opened (see ``format.open_env``).
-        FileNotFoundError, ValueError: ``source`` is missing or holds no images (see ``folder.scan_folder``).
+        FileNotFoundError, ValueError: ``source`` is missing or holds no images (see ``sources.scan_source``).
     """
     meta, parts = database.open_database(path, arrays=True)
     assert meta.paths is not None and meta.checksums is not None  # arrays=True
@@ -118,9 +118,9 @@ def verify_lmdb(
     if source is None:
         report.skipped = list(meta.skipped)
     else:
-        from lightning_lmdb.folder import scan_folder  # torchvision's scan: only a check against the source pays for importing torch
+        from lightning_lmdb.sources import scan_source  # torchvision's scan: only a check against the source pays for importing torch
 
-        scan = scan_folder(source)
+        scan = scan_source(source)
         files = {f.relpath: f for f in scan.files}
         in_source = files.keys() | {relpath for relpath, _ in scan.special}
         stored = set(paths)

@@ -37,8 +37,8 @@ from lightning_lmdb import database, envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
 from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, SourceError, StaleDatabaseError
-from lightning_lmdb.folder import NotRegularFileError, PrefixFingerprint, SourceScan, read_file, scan_folder
 from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.sources import NotRegularFileError, PrefixFingerprint, SourceScan, read_file, scan_source
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def build(
     meta = _existing_meta(target)  # a target that is not a database is refused before anything is created
     if meta is not None and options.on_stale == "ignore" and not options.overwrite:
         return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
-    scan = scan_folder(source_root)
+    scan = scan_source(source_root)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(target):
         meta = _existing_meta(target)
@@ -190,7 +190,7 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     existing = _existing_sharded_meta(folder)
     if existing is not None and options.on_stale == "ignore" and not options.overwrite:
         return BuildReport(folder, "up-to-date", 0, existing[0].count, existing[0].skipped)
-    scan = scan_folder(source_root)
+    scan = scan_source(source_root)
     if count_of > len(scan.files):
         raise OptionError(f"shards={count_of} is more than the {len(scan.files)} images of {str(source_root)!r}; choose at most "
                          f"{len(scan.files)}.")

@@ -1,0 +1,64 @@
+"""The extension seams: a new source kind is one module registered in ``sources.SOURCE_KINDS``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from imagegen import read_records
+from PIL import Image
+
+from lightning_lmdb import sources
+from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb.writer import build_lmdb
+
+# A whole source kind: a text file listing "relative-path class-index" lines beside the images.
+LIST_KIND = '''
+from pathlib import Path
+from lightning_lmdb.sources import SourceFile, SourceScan
+
+def accepts(path):
+    return path.suffix == ".list" and path.is_file()
+
+def scan(source):
+    listing = Path(source).resolve()
+    root, files = listing.parent, []
+    for line in listing.read_text().splitlines():
+        relpath, target = line.rsplit(" ", 1)
+        st = (root / relpath).stat()
+        files.append(SourceFile(str(root / relpath), relpath, int(target), st.st_size, st.st_mtime_ns))
+    return SourceScan(root=root, classes=["a", "b"], class_to_idx={"a": 0, "b": 1}, files=files)
+'''
+
+
+@pytest.fixture
+def list_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "listkind.py").write_text(LIST_KIND)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sources, "SOURCE_KINDS", ("listkind", *sources.SOURCE_KINDS))
+    yield "listkind"
+    sys.modules.pop("listkind", None)
+
+
+def test_a_source_kind_is_one_module(list_kind: str, tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(3):
+        Image.new("RGB", (6, 5), (40 * i, 0, 0)).save(images / f"{i}.png")
+    listing = images / "train.list"
+    listing.write_text("2.png 1\n0.png 0\n1.png 1\n")
+
+    target = build_lmdb(listing, tmp_path / "out.lmdb", workers=0, progress=False)
+
+    meta, values = read_records(target)
+    assert meta["paths"] == ["2.png", "0.png", "1.png"] and meta["targets"] == [1, 0, 1]
+    assert values == [(images / name).read_bytes() for name in ("2.png", "0.png", "1.png")]
+    assert [LMDBImageDataset(target)[i][1] for i in range(3)] == [1, 0, 1]
+
+
+def test_an_unknown_source_is_refused_naming_it(tmp_path: Path) -> None:
+    stray = tmp_path / "labels.list"
+    stray.write_text("")
+    with pytest.raises(FileNotFoundError, match="labels.list"):
+        sources.scan_source(stray)
