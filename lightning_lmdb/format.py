@@ -60,21 +60,20 @@ computed by the reader processes) also exists only while building.
 
 Files beside the target ``X.lmdb`` while building: ``X.lmdb.partial`` (the database being built, renamed
 onto ``X.lmdb`` when complete), ``X.lmdb.partial-lock`` (LMDB's writer lock) and ``X.lmdb.build-lock``
-(the lock that makes concurrent builders produce one build).
+(the lock that makes concurrent builders produce one build). Their names, and the durable-write and
+locking helpers, live in :mod:`lightning_lmdb.fsops`; the typed JSON field reader :class:`JsonFields`
+in :mod:`lightning_lmdb.jsonfields`. Both are re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import lmdb
@@ -82,6 +81,18 @@ import numpy as np
 
 from lightning_lmdb.codec import STORAGES
 from lightning_lmdb.errors import DatabaseError
+
+# Re-exported: callers find them here (they moved to keep this module to the format itself).
+from lightning_lmdb.fsops import (  # noqa: F401
+    build_files,
+    build_lock_path,
+    file_lock,
+    fsync_dir,
+    partial_lock_path,
+    partial_path,
+    write_atomically,
+)
+from lightning_lmdb.jsonfields import JsonFields
 
 FORMAT_NAME = "lightning_lmdb"
 FORMAT_VERSION = 2
@@ -117,26 +128,6 @@ def _digest(data: bytes | memoryview) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def partial_path(target: Path) -> Path:
-    """Where the database is built before it is renamed onto ``target``."""
-    return target.with_name(target.name + ".partial")
-
-
-def build_lock_path(target: Path) -> Path:
-    """The file locked by a builder of ``target``."""
-    return target.with_name(target.name + ".build-lock")
-
-
-def partial_lock_path(target: Path) -> Path:
-    """LMDB's lock file of the database being built (``lock=True`` on the ``.partial`` file)."""
-    return target.with_name(partial_path(target).name + "-lock")
-
-
-def build_files(target: Path) -> tuple[Path, ...]:
-    """The files a build of ``target`` makes beside it on its way: the lock files first, then the ``.partial`` file."""
-    return build_lock_path(target), partial_lock_path(target), partial_path(target)
-
-
 def new_build_id() -> str:
     """A fresh random build identity (written with the metadata of every finished build)."""
     return uuid.uuid4().hex
@@ -145,53 +136,6 @@ def new_build_id() -> str:
 def dump_json(obj: Any) -> bytes:
     """Serialise metadata: compact JSON (ASCII-escaped, so even undecodable file names round-trip)."""
     return json.dumps(obj, separators=(",", ":")).encode("ascii")
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make a rename or a new file in the folder ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` all at once (a temp file beside it, fsynced, renamed, the folder fsynced)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str], *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the file ``path`` for the ``with`` block, waiting for it as long as it takes.
-
-    The lock works across processes and, through NFS locks, across nodes. The lock file is created if
-    missing and left in place (deleting it would let a waiter lock a file no newcomer sees).
-
-    Args:
-        path: The lock file.
-        on_wait: Called once, before waiting, when another holder has the lock (e.g. to say why we wait).
-
-    Yields:
-        Nothing; the lock is held until the block exits.
-    """
-    with open(path, "a+b") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # --- paths without a Python object per record -------------------------------------------------------
@@ -493,48 +437,3 @@ def raise_no_meta(txn: lmdb.Transaction, path: str | os.PathLike[str]) -> None:
     raise DatabaseError(
         f"{str(path)!r} is an LMDB file but not a lightning_lmdb database (no metadata). Build one with lightning-lmdb build."
     )
-
-
-class JsonFields:
-    """Typed access to one JSON object's fields; a missing field or wrong type is a ``DatabaseError`` naming it."""
-
-    def __init__(self, obj: dict[str, Any], path: str | os.PathLike[str], prefix: str = ""):
-        self.obj, self.path, self.prefix = obj, path, prefix
-
-    def fail(self, name: str, problem: str) -> Any:
-        raise DatabaseError(
-            f"Metadata of {str(self.path)!r}: field {self.prefix}{name!r} {problem}. The database is damaged or was "
-            "written by another tool; rebuild it with lightning-lmdb build."
-        )
-
-    def __call__(self, name: str, kind: type) -> Any:
-        if name not in self.obj:
-            self.fail(name, "is missing")
-        value = self.obj[name]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            self.fail(name, f"should be {_JSON_NAMES[kind]}, not {type(value).__name__} ({_short(value)})")
-        return value
-
-    def list_of(self, name: str, kind: type, length: int | None = None) -> list[Any]:
-        value = self(name, list)
-        for i, item in enumerate(value):
-            if not isinstance(item, kind) or (kind is int and isinstance(item, bool)):
-                self.fail(f"{name}[{i}]", f"should be {_JSON_NAMES[kind]}, not {type(item).__name__} ({_short(item)})")
-        if length is not None and len(value) != length:
-            self.fail(name, f"holds {len(value)} entries, but count is {length}")
-        return value
-
-    def dict_of(self, name: str, kind: type) -> dict[str, Any]:
-        value = self(name, dict)
-        for key, item in value.items():
-            if not isinstance(item, kind) or (kind is int and isinstance(item, bool)):
-                self.fail(f"{name}[{key!r}]", f"should be {_JSON_NAMES[kind]}, not {type(item).__name__} ({_short(item)})")
-        return value
-
-
-_JSON_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

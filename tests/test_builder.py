@@ -16,7 +16,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import pil_loader
 
-from lightning_lmdb import envs, writer
+from lightning_lmdb import envs, filebuild, writer
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import decode_pixels
 from lightning_lmdb.folder import NO_TARGET, scan_folder
@@ -233,7 +233,7 @@ def test_unreadable_file_is_named(tmp_path: Path) -> None:
 def test_the_final_transaction_survives_a_full_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A map so small that the metadata transaction itself hits MapFullError and is retried after the map grows.
     source = make_jpegs(tmp_path / "src", 26, size=16)
-    monkeypatch.setattr(writer, "_MIN_MAP_SIZE", 64 << 10)
+    monkeypatch.setattr(filebuild, "_MIN_MAP_SIZE", 64 << 10)
     monkeypatch.setattr(writer._Writer, "_initial_map_size", lambda self: 64 << 10)
     report = writer.build(source, tmp_path / "out.lmdb", workers=0, progress=False)
     assert report.action == "built" and report.count == 26
@@ -274,7 +274,7 @@ def test_skipped_files_are_counted_in_words(tmp_path: Path, caplog: pytest.LogCa
     source = make_jpegs(tmp_path / "src", 4)
     for i in range(bad):
         (source / "c0" / f"bad_{i}.jpg").write_bytes(b"not a jpeg")
-    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.writer"):
+    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.filebuild"):
         build(source, tmp_path / "out.lmdb", workers=0, progress=False, on_error="skip")
     assert f"Skipped {bad} bad {'file' if bad == 1 else 'files'} while building" in caplog.text
     for path in (source / "c0").glob("bad_*.jpg"):

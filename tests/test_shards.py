@@ -14,7 +14,7 @@ from imagegen import make_jpegs
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, envs, shards, writer
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, envs, readers, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.bench import run_read_benchmark
 from lightning_lmdb.cli import main
@@ -28,8 +28,8 @@ from lightning_lmdb.writer import BuildError, build, build_lmdb
 @pytest.fixture(autouse=True)
 def _at_most_two_build_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A build with the default ``workers=None`` (one process per core) starts at most 2 processes here, on any machine."""
-    cores = writer.available_cores()
-    monkeypatch.setattr(writer, "available_cores", lambda: min(2, cores))
+    cores = readers.available_cores()
+    monkeypatch.setattr(readers, "available_cores", lambda: min(2, cores))
 
 
 def _records(path: Path) -> list[bytes]:

@@ -20,7 +20,7 @@ import pytest
 from faultkit import Child, contents, leftovers, run_forked, sharded_contents
 from imagegen import make_jpegs
 
-from lightning_lmdb import cli, envs, shards, writer
+from lightning_lmdb import cli, envs, filebuild, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.verify import verify_lmdb
 from lightning_lmdb.writer import FAULT_ENV, build
@@ -267,7 +267,7 @@ def _sharded_build_killed_at(source: Path, target: Path, point: str, nth: int, w
 
     The builder's own kill points (``FAULT_ENV``) count per shard; this counts over a process's shards.
     """
-    real, seen = writer._fault, []
+    real, seen = filebuild._fault, []
 
     def fault(name: str, count: int = 0) -> None:
         if name == point:
@@ -276,7 +276,7 @@ def _sharded_build_killed_at(source: Path, target: Path, point: str, nth: int, w
                 os.killpg(0, signal.SIGKILL)
         real(name, count)
 
-    writer._fault = fault  # this forked child (and the shard processes it forks) only
+    filebuild._fault = fault  # this forked child (and the shard processes it forks) only
     build(source, target, shards=SHARDS, workers=workers, commit_every=4, progress=False)
 
 

@@ -1,0 +1,361 @@
+"""One build of a scanned source into one database file: a single-file database, or one shard of a sharded one.
+
+:class:`_Writer` resumes or starts ``TARGET.partial``, fills it with what the reader pool
+(:mod:`lightning_lmdb.readers`) made of each file, in batched transactions that also record its progress,
+then writes the metadata in the final transaction and renames the file onto ``TARGET``. Its error policy
+(``on_error``), progress bar and disk-full diagnosis live here too, with the helpers every build shares: the
+target check, the build lock and the reading of an existing database's metadata. The public entry points
+are :func:`lightning_lmdb.writer.build` and :func:`lightning_lmdb.writer.build_lmdb`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+from tqdm import tqdm
+
+from lightning_lmdb import database, envs, fsops, readers
+from lightning_lmdb import format as fmt
+from lightning_lmdb.errors import BuildError, DiskFullError, SourceError
+from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.sources import PrefixFingerprint, SourceScan
+
+log = logging.getLogger(__name__)
+
+_BATCH_BYTES = 64 << 20
+_MIN_MAP_SIZE = 16 << 20
+
+
+#: Test-only fault injection: ``commit:N`` (after the N-th batch commit), ``final`` (inside the final
+#: transaction, before it commits), ``rename`` (after the final commit, before the rename), ``fsync``
+#: (after the rename, before the folder's fsync). The builder SIGKILLs itself (and its process group
+#: when it leads one) at that point, so the fault suite can crash it at exact moments.
+FAULT_ENV = "LIGHTNING_LMDB_TEST_KILL_AT"
+_SKIP_HINT = "build with on_error='skip' (CLI: --on-error skip, Hydra: data.on_error=skip) to leave bad files out"
+
+
+def _fault(point: str, count: int = 0) -> None:
+    wanted = os.environ.get(FAULT_ENV)
+    if not wanted:
+        return
+    name, _, n = wanted.partition(":")
+    if name == point and (not n or int(n) == count):
+        if os.getpgid(0) == os.getpid():
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class BuildReport:
+    """What a call to :func:`lightning_lmdb.writer.build` did.
+
+    Attributes:
+        path: The finished database.
+        action: ``"built"``, ``"resumed"`` or ``"up-to-date"``.
+        records_written: Records committed by this call (0 when up to date).
+        count: Records in the database.
+        skipped: Files left out, with the reason.
+        seconds: Wall time of this call.
+    """
+
+    path: Path
+    action: str
+    records_written: int
+    count: int
+    skipped: list[fmt.Skipped] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _checked_target(source_root: Path, target: str | os.PathLike[str]) -> Path:
+    """``target`` made absolute; refused inside the source (it would be scanned as images). Nothing is created."""
+    target = Path(target).expanduser().absolute()
+    if target.resolve() == source_root or target.resolve().is_relative_to(source_root):
+        raise SourceError(f"Target {str(target)!r} lies inside the source {str(source_root)!r}; put the database outside the image folder.")
+    return target
+
+
+def _existing_meta(target: Path) -> fmt.Metadata | None:
+    """Metadata of a finished database at ``target``, ``None`` if nothing is there."""
+    if not target.exists():
+        return None
+    try:
+        return database.load_meta(target)
+    except fmt.DatabaseError as exc:
+        raise FileExistsError(
+            f"{str(target)!r} exists and is not a usable lightning_lmdb database ({exc}). "
+            "It is left untouched: remove it yourself or choose another target."
+        ) from exc
+
+
+def _build_lock(target: Path) -> contextlib.AbstractContextManager[None]:
+    """An exclusive lock on ``TARGET.build-lock`` (works across processes and, via NFS locks, nodes); logs when it waits."""
+    waiting = "Another process is building %s; waiting for it to finish."
+    return fsops.file_lock(fsops.build_lock_path(target), on_wait=lambda: log.info(waiting, target))
+
+
+def _plural(count: int, noun: str) -> str:
+    """``"1 bad file"``, ``"2 bad files"``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+class _Writer:
+    """One build of ``scan`` into ``target``: resume or start the partial file, fill it, finish it."""
+
+    def __init__(self, scan: SourceScan, target: Path, options: BuildOptions, shard: fmt.ShardInfo | None = None,
+                 line: int | None = None):
+        self.scan, self.target, self.on_error, self.shard, self.line = scan, target, options.on_error, shard, line
+        self.options = options.content()  # what shapes the contents: compared on resume, stored in the metadata
+        self.workers = readers.available_cores() if options.workers is None else options.workers
+        self.commit_every, self.progress = options.commit_every, options.progress
+        self.partial = fsops.partial_path(target)
+        self.prefix = PrefixFingerprint(scan.files)
+        self.written = self.written_bytes = self.commits = 0
+
+    def run(self) -> BuildReport:
+        finished = self._finished_partial()
+        if finished is not None:  # killed after the final commit, before the rename: just finish the rename
+            log.info("%s is a complete build of this source; renaming it into place.", self.partial)
+            self._rename()
+            return BuildReport(self.target, "resumed", 0, finished.count, finished.skipped)
+        env, consumed, skipped = self._open_partial()
+        try:
+            if not consumed:
+                skipped = self._special_files()
+            dbs = (env.open_db(fmt.RECORDS_DB), env.open_db(fmt.CHECKSUMS_DB))
+            action = "resumed" if consumed else "built"
+            self._fill(env, dbs, consumed, skipped)
+            count = self._finish(env, dbs, skipped)
+        finally:
+            env.close()
+        _fault("rename")
+        self._rename()
+        if skipped:
+            log.warning("Skipped %s while building %s:\n%s", _plural(len(skipped), "bad file"), self.target,
+                        "\n".join(f"  {s['path']}: {s['reason']}" for s in skipped))
+        return BuildReport(self.target, action, self.written, count, [fmt.Skipped(s["path"], s["reason"]) for s in skipped])
+
+    def _rename(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fsops.partial_lock_path(self.target))
+        envs.close(self.target)  # this process's readers of the old file reopen the new one (and notice the new build)
+        os.replace(self.partial, self.target)
+        _fault("fsync")
+        fsops.fsync_dir(self.target.parent)
+
+    def _special_files(self) -> list[dict[str, str]]:
+        """Skips for the scan's non-regular files (FIFOs, sockets, devices), or a BuildError with ``on_error="raise"``."""
+        if self.scan.special and self.on_error == "raise":
+            path, reason = self.scan.special[0]
+            raise BuildError(f"{self.scan.root / path}: {reason}\nRemove it, or {_SKIP_HINT}.")
+        return [{"path": path, "reason": reason} for path, reason in self.scan.special]
+
+    def _finished_partial(self) -> fmt.Metadata | None:
+        """The metadata of ``TARGET.partial`` when it is a finished build of this source and options, else None."""
+        if not self.partial.exists():
+            return None
+        try:
+            env = envs.open_env(self.partial, validate_meta=False)
+        except (fmt.DatabaseError, OSError):
+            return None
+        try:
+            meta = fmt.read_meta(env, self.partial)
+        except fmt.DatabaseError:
+            return None
+        finally:
+            env.close()
+        return meta if database.is_current(meta, self.scan, self.options, shard=self.shard) else None
+
+    def _open_partial(self) -> tuple[lmdb.Environment, int, list[dict[str, str]]]:
+        """Open ``TARGET.partial``, resuming it when it was started on the same source prefix and options."""
+        if self.partial.exists():
+            env = None
+            try:
+                env = self._open_env(max(self._initial_map_size(), 2 * self.partial.stat().st_size))
+                with env.begin() as txn:
+                    raw = txn.get(fmt.PROGRESS_KEY)
+                state = json.loads(bytes(raw)) if raw is not None else None
+                if (
+                    state is not None
+                    and state.get("version") == fmt.FORMAT_VERSION
+                    and state["options"] == self.options
+                    and 0 < state["consumed"] <= len(self.scan.files)
+                    and state["prefix"] == self.scan.fingerprint(state["consumed"])
+                ):
+                    log.info("Resuming the build of %s after %d of %d files.", self.target, state["consumed"], len(self.scan.files))
+                    return env, state["consumed"], state["skipped"]
+            except (lmdb.Error, ValueError, KeyError, TypeError):
+                pass  # unreadable: start over
+            if env is not None:
+                env.close()
+            log.info("Discarding %s: it belongs to another source or options, or is unreadable.", self.partial)
+            self.partial.unlink()
+        return self._open_env(self._initial_map_size()), 0, []
+
+    def _initial_map_size(self) -> int:
+        # Start from the source size; a decoded build is larger and grows by doubling on MapFullError.
+        return max(_MIN_MAP_SIZE, int(self.scan.total_bytes * 1.25))
+
+    def _open_env(self, map_size: int) -> lmdb.Environment:
+        return lmdb.open(str(self.partial), subdir=False, map_size=map_size, max_dbs=3, readahead=False, meminit=False)
+
+    def _fill(self, env: lmdb.Environment, dbs: tuple[Any, Any], consumed: int, skipped: list[dict[str, str]]) -> None:
+        files = self.scan.files
+        opts = self.options
+        tasks: list[readers._Task] = [(i, files[i].path, opts["storage"], opts["max_pixels"], opts.get("resize"), opts.get("quality", 0))
+                              for i in range(consumed, len(files))]
+        with env.begin() as txn:
+            next_record = txn.stat(dbs[0])["entries"]
+        batch: list[tuple[bytes, bytes, str]] = []
+        batch_bytes = 0
+        bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress,
+                   dynamic_ncols=True, position=self.line)
+        started, nbytes = time.perf_counter(), 0
+        with readers._read_files(tasks, self.workers) as results:
+            for index, value, digest in results:
+                if value is None:  # a bad file: the third field is the reason
+                    error = digest
+                    if self.on_error == "raise":
+                        self._commit(env, dbs, batch, index, skipped)
+                        bar.close()
+                        where = "" if self.shard is None else f" of {self.target.name}"
+                        raise BuildError(
+                            f"{files[index].path}: {error}\nNothing was lost: the {_plural(index, 'file')}{where} before it "
+                            f"{'is' if index == 1 else 'are'} committed and a rerun resumes there. "
+                            f"Fix or remove the file, or {_SKIP_HINT}."
+                        )
+                    skipped.append({"path": files[index].relpath, "reason": error})
+                else:
+                    batch.append((fmt.record_key(next_record), value, digest))
+                    next_record += 1
+                    batch_bytes += len(value)
+                    nbytes += len(value)
+                bar.update(1)
+                if len(batch) >= self.commit_every or batch_bytes >= _BATCH_BYTES:
+                    self._commit(env, dbs, batch, index + 1, skipped)
+                    batch, batch_bytes = [], 0
+                    elapsed = max(time.perf_counter() - started, 1e-9)
+                    bar.set_postfix_str(f"{nbytes / elapsed / 1e6:.1f} MB/s")
+        self._commit(env, dbs, batch, len(files), skipped)
+        bar.close()
+
+    def _commit(
+        self, env: lmdb.Environment, dbs: tuple[Any, Any], batch: list[tuple[bytes, bytes, bytes]], consumed: int,
+        skipped: list[dict[str, str]],
+    ) -> None:
+        state = {"version": fmt.FORMAT_VERSION, "consumed": consumed, "prefix": self.prefix.advance(consumed), "options": self.options,
+                 "skipped": skipped}
+        records, checksums = dbs
+
+        def write(txn: lmdb.Transaction) -> None:
+            for key, value, digest in batch:
+                txn.put(key, value, db=records, append=True)
+                txn.put(key, digest, db=checksums, append=True)
+            txn.put(fmt.PROGRESS_KEY, fmt.dump_json(state))
+
+        nbytes = sum(len(value) for _, value, _ in batch)
+        self._write(env, write, pending=nbytes)
+        self.written += len(batch)
+        self.written_bytes += nbytes
+        self.commits += 1
+        _fault("commit", self.commits)
+
+    def _write(self, env: lmdb.Environment, write: Any, pending: int) -> None:
+        """``_write_growing``, turning a full disk (LMDB reports only "Input/output error") into :class:`DiskFullError`."""
+        try:
+            _write_growing(env, write)
+        except lmdb.Error as exc:
+            free = shutil.disk_usage(self.partial.parent).free
+            if free > max(4 * pending, 8 << 20):
+                raise OSError(
+                    errno.EIO, f"Writing {self.partial} failed ({exc}). Nothing committed before was lost: rerun to resume."
+                ) from exc
+            done = self.written_bytes
+            estimate = self._estimated_bytes()
+            raise DiskFullError(
+                errno.ENOSPC,
+                f"The disk holding {self.partial.parent} is full ({free / 1e6:.1f} MB free): the build of {self.target.name} "
+                f"needs about {max(estimate - done, pending) / 1e6:.1f} MB more ({done / 1e6:.1f} MB written of an estimated "
+                f"{estimate / 1e6:.1f} MB). Nothing was lost: free space (or choose a target on another disk) and rerun; "
+                "the build resumes after the last committed batch.",
+            ) from exc
+
+    def _estimated_bytes(self) -> int:
+        """The database's expected final size: the source size for encoded storage, extrapolated from what was written otherwise."""
+        if (self.options["storage"] == "encoded" and self.options.get("resize") is None) or not self.written:
+            return int(self.scan.total_bytes * 1.12)
+        return int(self.written_bytes / self.written * len(self.scan.files) * 1.02)
+
+    def _finish(self, env: lmdb.Environment, dbs: tuple[Any, Any], skipped: list[dict[str, str]]) -> int:
+        skipped_paths = {s["path"] for s in skipped}
+        kept = [f for f in self.scan.files if f.relpath not in skipped_paths]
+        records, checksum_db = dbs
+        with env.begin() as txn:
+            entries = txn.stat(records)["entries"]
+            checksums = b"".join(bytes(digest) for _, digest in txn.cursor(db=checksum_db))
+        if len(checksums) != entries * fmt.CHECKSUM_SIZE:
+            raise fmt.DatabaseError(f"{self.partial} holds checksums of the wrong size; delete it and build again.")
+        checksums = np.frombuffer(checksums, dtype=np.uint8).reshape(entries, fmt.CHECKSUM_SIZE)
+        if not entries == len(kept):
+            raise fmt.DatabaseError(f"{self.partial} holds {entries} records but {len(kept)} were expected; delete it and build again.")
+        if not kept and self.shard is None:  # a shard may hold no record: build_shards refuses a build with none at all
+            raise BuildError(f"Every image in {str(self.scan.root)!r} was skipped as unreadable; nothing to build. See the reasons above.")
+        from lightning_lmdb import __version__
+
+        meta = fmt.Metadata(
+            version=fmt.FORMAT_VERSION,
+            count=len(kept),
+            storage=self.options["storage"],
+            classes=self.scan.classes,
+            class_to_idx=self.scan.class_to_idx,
+            checksum=fmt.CHECKSUM_ALGO,
+            source=fmt.SourceInfo(
+                root=str(self.scan.root), num_files=len(self.scan.files) + len(self.scan.special),
+                bytes=self.scan.total_bytes, fingerprint=self.scan.fingerprint(),
+            ),
+            options={**self.options, "on_error": self.on_error},
+            skipped=[fmt.Skipped(s["path"], s["reason"]) for s in skipped],
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            library_version=__version__,
+            build_id=fmt.new_build_id(),
+            targets=np.array([f.target for f in kept], dtype=np.int32),
+            paths=fmt.PathTable.from_strings(f.relpath for f in kept),
+            checksums=checksums,
+            shard=self.shard,
+        )
+
+        def write(txn: lmdb.Transaction) -> None:
+            txn.delete(fmt.PROGRESS_KEY)
+            # A handle opened in this transaction: drop() closes it even when the transaction then aborts
+            # (MapFullError), and the retry after the map grows needs a live one.
+            txn.drop(env.open_db(fmt.CHECKSUMS_DB, txn=txn), delete=True)
+            fmt.write_meta(txn, meta)
+            _fault("final")
+
+        self._write(env, write, pending=meta.count * 64 + 65536)  # the arrays: ~40 bytes a record, plus the header
+        env.sync(True)
+        return len(kept)
+
+
+def _write_growing(env: lmdb.Environment, write: Any) -> None:
+    """Run ``write(txn)`` in one write transaction, doubling the map size on ``MapFullError``."""
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                write(txn)
+            return
+        except lmdb.MapFullError:
+            env.set_mapsize(env.info()["map_size"] * 2)
+
