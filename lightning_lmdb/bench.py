@@ -44,7 +44,7 @@ from lightning_lmdb import database, envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.cache import evict, resident_fraction
 from lightning_lmdb.codec import decode_record
-from lightning_lmdb.decoders import DECODERS, decode
+from lightning_lmdb.decoders import check_decoder, decode
 from lightning_lmdb.errors import OptionError
 
 #: (name, readahead) of the storages measured; ``None`` means raw files.
@@ -99,8 +99,7 @@ def run_read_benchmark(
 
     if passes < 1:
         raise OptionError(f"passes={passes} must be >= 1.")
-    if decoder not in DECODERS:
-        raise OptionError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
+    check_decoder(decoder)
     if limit is not None and limit < 1:
         raise OptionError(f"limit={limit} must be >= 1 (or None for every record).")
     source_root = Path(source).expanduser().resolve()

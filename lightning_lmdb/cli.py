@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from lightning_lmdb import __version__
-from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.decoders import DECODERS
 from lightning_lmdb.errors import LightningLMDBError, OptionError
 from lightning_lmdb.options import CHOICES, BuildOptions
@@ -58,11 +57,7 @@ _ERRNO_HINTS = {
 def _build(args: argparse.Namespace) -> int:
     from lightning_lmdb.writer import build
 
-    options = BuildOptions(
-        storage=args.storage, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite, on_stale=args.on_stale,
-        max_pixels=args.max_pixels or None, resize=args.resize, quality=args.quality, commit_every=args.commit_every,
-        progress=not args.quiet, **_shard_options(args),
-    )
+    options = build_options(args)
     report = build(args.source, args.target, options)
     what = f"shard {options.shard}/{options.shards}: " if options.shard is not None else ""
     print(
@@ -70,6 +65,15 @@ def _build(args: argparse.Namespace) -> int:
         f"{len(report.skipped)} skipped, {report.seconds:.1f} s"
     )
     return 0
+
+
+def build_options(args: argparse.Namespace) -> BuildOptions:
+    """The :class:`BuildOptions` of a parsed ``build`` command line (which checks them)."""
+    return BuildOptions(
+        storage=args.storage, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite, on_stale=args.on_stale,
+        max_pixels=args.max_pixels or None, resize=args.resize, quality=args.quality, commit_every=args.commit_every,
+        progress=not args.quiet, **_shard_options(args),
+    )
 
 
 def _shard_options(args: argparse.Namespace) -> dict[str, int | None]:
@@ -189,22 +193,25 @@ def make_parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout or flat folder) into the LMDB file TARGET (or a sharded folder)")
     build.add_argument("source")
     build.add_argument("target")
-    build.add_argument(
-        "--storage", choices=CHOICES["storage"], default="encoded", help="encoded: original bytes (default); decoded: RGB pixels"
-    )
-    build.add_argument("--workers", type=int, default=None, help="reader processes (default: one per core; 0: in this process)")
-    build.add_argument(
-        "--on-error", choices=CHOICES["on_error"], default="raise", help="stop at a bad file (default) or skip and record it"
-    )
-    build.add_argument("--on-stale", choices=CHOICES["on_stale"], default="rebuild", help="when the source changed since the last build")
-    build.add_argument("--overwrite", action="store_true", help="rebuild even if up to date")
-    build.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, help="refuse larger images (0: no limit)")
-    build.add_argument("--resize", type=int, default=None, metavar="S",
+    # choices and defaults from BuildOptions, which checks every value
+    build.add_argument("--storage", choices=CHOICES["storage"], default=BuildOptions.storage,
+                       help="encoded: original bytes; decoded: RGB pixels (default: %(default)s)")
+    build.add_argument("--workers", type=int, default=BuildOptions.workers,
+                       help="reader processes (default: one per core; 0: in this process)")
+    build.add_argument("--on-error", choices=CHOICES["on_error"], default=BuildOptions.on_error,
+                       help="raise: stop at a bad file; skip: skip and record it (default: %(default)s)")
+    build.add_argument("--on-stale", choices=CHOICES["on_stale"], default=BuildOptions.on_stale,
+                       help="when the source changed since the last build (default: %(default)s)")
+    build.add_argument("--overwrite", action="store_true", default=BuildOptions.overwrite, help="rebuild even if up to date")
+    build.add_argument("--max-pixels", type=int, default=BuildOptions.max_pixels,
+                       help="refuse larger images (default: %(default)s; 0: no limit)")
+    build.add_argument("--resize", type=int, default=BuildOptions.resize, metavar="S",
                        help="pre-resized storage: shrink images whose shorter side is larger than S to S (aspect kept, never upscaled)")
-    build.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality of images --resize re-encodes (default: 90)")
-    build.add_argument("--commit-every", type=int, default=1000, help="records per transaction")
-    build.add_argument("--quiet", action="store_true", help="no progress bar")
-    build.add_argument("--shards", type=int, default=None, metavar="K",
+    build.add_argument("--quality", type=int, default=BuildOptions.quality,
+                       help="JPEG quality of images --resize re-encodes (default: %(default)s)")
+    build.add_argument("--commit-every", type=int, default=BuildOptions.commit_every, help="records per transaction (default: %(default)s)")
+    build.add_argument("--quiet", action="store_true", default=not BuildOptions.progress, help="no progress bar")
+    build.add_argument("--shards", type=int, default=BuildOptions.shards, metavar="K",
                        help="a sharded database: TARGET becomes a folder of K shard files and a manifest, built by K processes")
     build.add_argument("--shard", default=None, metavar="I/K",
                        help="build shard I of K alone (e.g. one task of a job array: --shard $SLURM_ARRAY_TASK_ID/K); the task that "

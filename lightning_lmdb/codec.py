@@ -13,8 +13,10 @@
 * :func:`decode_record` (the datasets, ``verify``, ``bench``): a stored value back to an RGB image,
   through :mod:`lightning_lmdb.decoders` (PIL image for ``decoder="pil"``, else a ``uint8`` tensor).
 
-A new storage mode touches this module only (and :data:`STORAGES`); a new decoder touches
-:mod:`lightning_lmdb.decoders` only.
+**Adding a storage mode** is one :class:`StorageMode` entry in :data:`STORAGE_MODES` (its ``encode``, its
+``decode`` and whether its records are image files' bytes); the option's valid values, the metadata
+check, the builder, the datasets, ``verify`` and ``bench`` all read the registry. A new decoder is one
+entry of :data:`lightning_lmdb.decoders.DECODERS`.
 
 ``decoded`` record layout: a 12-byte header (``<III``: height, width, channels) followed by RGB
 ``uint8`` pixels in row-major ``H x W x C`` order.
@@ -23,6 +25,8 @@ A new storage mode touches this module only (and :data:`STORAGES`); a new decode
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,11 +39,9 @@ from lightning_lmdb.imageinfo import read_info
 if TYPE_CHECKING:  # torch is imported where a tensor is made (decoders.hwc_to_tensor): info and verify do without it
     import torch
 
-__all__ = ["STORAGES", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordError", "decode_record", "encode_record",
-           "encode_pixels", "decode_pixels", "resize_pixels"]
+__all__ = ["STORAGES", "STORAGE_MODES", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordError", "StorageMode", "decode_record",
+           "encode_record", "encode_pixels", "decode_pixels", "resize_pixels", "storage_mode"]
 
-#: The storage modes of a database.
-STORAGES = ("encoded", "decoded")
 #: JPEG quality of re-encoded lossy sources in a ``resize=`` build.
 DEFAULT_QUALITY = 90
 #: A resized lossless image is stored as an unfiltered PNG unless that is this much larger than OpenCV's filtered one.
@@ -104,6 +106,73 @@ def _imencode(extension: str, bgr: np.ndarray, params: list[int]) -> bytes:
     return buffer.tobytes()
 
 
+def _encode_file(data: bytes, image: Image.Image, resize: int | None, quality: int) -> bytes:
+    """``encoded``: the file's own bytes; resized, re-encoded (JPEG for lossy sources, PNG for lossless ones)."""
+    if resize is None or min(image.size) <= resize:
+        return data
+    return _encode_image(resize_pixels(np.asarray(image), resize), read_info(data).lossy, quality)
+
+
+def _encode_decoded(data: bytes, image: Image.Image, resize: int | None, quality: int) -> bytes:
+    """``decoded``: the RGB pixels (resized when asked)."""
+    pixels = np.asarray(image)
+    return encode_pixels(pixels if resize is None else resize_pixels(pixels, resize))
+
+
+def _decode_file(value: bytes | memoryview, decoder: str, decode_size: int | None, name: str) -> Image.Image | torch.Tensor:
+    return decode(value, decoder, decode_size=decode_size, name=name)
+
+
+def _decode_decoded(value: bytes | memoryview, decoder: str, decode_size: int | None, name: str) -> Image.Image | torch.Tensor:
+    pixels = decode_pixels(value)
+    return Image.fromarray(pixels) if decoder == "pil" else hwc_to_tensor(pixels)
+
+
+@dataclass(frozen=True)
+class StorageMode:
+    """One storage mode: how the builder turns a source file into a record value, and how a record is read back.
+
+    Attributes:
+        name: The ``storage=`` value.
+        encode: ``(file bytes, the file decoded to RGB by PIL, resize, quality) -> record value``.
+        decode: ``(record value, decoder, decode_size, name) -> RGB image`` (PIL for ``decoder="pil"``, else a
+            ``uint8 3 x H x W`` tensor).
+        file_bytes: The records are image files' bytes (the original file's, or a re-encoded one with
+            ``resize``): batched GPU decoding and reduced-size JPEG decoding apply, and ``verify`` compares an
+            unresized record with the file byte for byte (re-encoded ones within a lossy codec's tolerance).
+    """
+
+    name: str
+    encode: Callable[[bytes, Image.Image, int | None, int], bytes]
+    decode: Callable[[bytes | memoryview, str, int | None, str], Image.Image | torch.Tensor]
+    file_bytes: bool
+
+
+#: Every storage mode, by name (the first is the default).
+STORAGE_MODES: dict[str, StorageMode] = {
+    mode.name: mode
+    for mode in (
+        StorageMode("encoded", _encode_file, _decode_file, file_bytes=True),
+        StorageMode("decoded", _encode_decoded, _decode_decoded, file_bytes=False),
+    )
+}
+#: The valid ``storage=`` values.
+STORAGES: tuple[str, ...] = tuple(STORAGE_MODES)
+
+
+def storage_mode(name: str) -> StorageMode:
+    """The :class:`StorageMode` called ``name``.
+
+    Raises:
+        RecordError: No such storage mode (a database from a newer version of lightning_lmdb).
+    """
+    try:
+        return STORAGE_MODES[name]
+    except KeyError:
+        raise RecordError(f"Storage {name!r} is not one of {', '.join(map(repr, STORAGES))}: the database was built by a newer "
+                          "lightning_lmdb; upgrade it.") from None
+
+
 def encode_record(
     data: bytes,
     storage: str,
@@ -117,7 +186,7 @@ def encode_record(
 
     Args:
         data: The file's bytes.
-        storage: ``"encoded"`` (the bytes themselves, or re-encoded when resized) or ``"decoded"`` (RGB pixels).
+        storage: A storage mode of :data:`STORAGE_MODES`.
         max_pixels: Refuse larger images (decompression bombs); ``None`` for no limit.
         name: How to name the file in errors.
         resize: Shrink images whose shorter side is larger than this (``None``: keep the size).
@@ -126,13 +195,8 @@ def encode_record(
     Raises:
         ImageDecodeError: Not a decodable image, or over ``max_pixels``.
     """
-    image = decode_pil(data, max_pixels=max_pixels, name=name)
-    if resize is None or min(image.size) <= resize:
-        return encode_pixels(np.asarray(image)) if storage == "decoded" else data
-    small = resize_pixels(np.asarray(image), resize)
-    if storage == "decoded":
-        return encode_pixels(small)
-    return _encode_image(small, read_info(data).lossy, quality)
+    mode = storage_mode(storage)
+    return mode.encode(data, decode_pil(data, max_pixels=max_pixels, name=name), resize, quality)
 
 
 def decode_record(
@@ -142,12 +206,9 @@ def decode_record(
 
     Args:
         value: The record value as stored by the builder.
-        storage: ``"encoded"`` (image file bytes) or ``"decoded"`` (pixel header + RGB pixels).
+        storage: The database's storage mode (:data:`STORAGE_MODES`).
         name: How to name the record in errors.
         decoder: ``"pil"``, ``"torchcodec"``, ``"opencv"`` or ``"auto"`` (see :mod:`lightning_lmdb.decoders`).
         decode_size: The shorter side the transform needs (reduced-size JPEG decoding; ignored for pixels).
     """
-    if storage == "decoded":
-        pixels = decode_pixels(value)
-        return Image.fromarray(pixels) if decoder == "pil" else hwc_to_tensor(pixels)
-    return decode(value, decoder, decode_size=decode_size, name=name)
+    return storage_mode(storage).decode(value, decoder, decode_size, name)

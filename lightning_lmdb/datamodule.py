@@ -14,7 +14,6 @@ import torch
 from torchvision.datasets.folder import find_classes
 
 from lightning_lmdb import backends, envs, shards, transforms
-from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset, available_memory
 from lightning_lmdb.decoders import Decoder
 from lightning_lmdb.dm_loaders import DeviceBatchesMixin, LoadersMixin
@@ -53,9 +52,8 @@ def default_cache_dir() -> Path:
 
 
 def database_name(folder: Path, options: BuildOptions) -> str:
-    """The file name of ``folder``'s database: its name and a hash of its path and of the options that change the records."""
-    text = f"{folder}\0{options.storage}" + (f"\0resize={options.resize}\0quality={options.quality}" if options.resize else "")
-    text += f"\0shards={options.shards}" if options.shards is not None else ""
+    """The file name of ``folder``'s database: its name and a hash of its path and of :meth:`BuildOptions.cache_key`."""
+    text = f"{folder}{options.cache_key()}"
     key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
     return f"{folder.name}-{key}.lmdb"
 
@@ -90,7 +88,7 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
             every rank and run, so a resumed run continues the same order).
         backend: ``"lmdb"`` or ``"raw"``.
         cache_dir: Where the databases go; default :func:`default_cache_dir`. Each folder gets
-            ``<name>-<hash of its path, storage and resize>.lmdb``.
+            ``<name>-<hash of its path, storage, resize and quality, shards>.lmdb`` (:meth:`BuildOptions.cache_key`).
         storage: ``"encoded"`` (original bytes) or ``"decoded"`` (RGB pixels, no decode at read time).
         shards: ``None``: each database is one file. ``K``: a sharded database, a folder of ``K`` shard files and a
             manifest (:mod:`lightning_lmdb.shards`), built by ``K`` processes (``build_workers`` at a time) and, with
@@ -172,20 +170,20 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
         split_seed: int = 0,
         backend: Backend = "lmdb",
         cache_dir: str | os.PathLike[str] | None = None,
-        storage: Storage = "encoded",
-        shards: int | None = None,
-        resize: int | None = None,
-        quality: int = DEFAULT_QUALITY,
+        storage: Storage = BuildOptions.storage,
+        shards: int | None = BuildOptions.shards,
+        resize: int | None = BuildOptions.resize,
+        quality: int = BuildOptions.quality,
         decoder: Decoder = "auto",
         decode_size: int | Literal["auto"] | None = "auto",
         decode_device: DecodeDevice | None = None,
         finish_on_device: bool = True,
         mean: Sequence[float] = transforms.IMAGENET_MEAN,
         std: Sequence[float] = transforms.IMAGENET_STD,
-        build_workers: int | None = None,
-        on_error: OnError = "raise",
-        on_stale: OnStale = "rebuild",
-        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        build_workers: int | None = BuildOptions.workers,
+        on_error: OnError = BuildOptions.on_error,
+        on_stale: OnStale = BuildOptions.on_stale,
+        max_pixels: int | None = BuildOptions.max_pixels,
         readahead: bool | None = None,
         image_size: int = 224,
         train_transform: Callable[[Any], Any] | None = None,
@@ -196,7 +194,7 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
         prefetch_factor: int = 2,
         persistent_workers: bool = True,
         drop_last: bool = False,
-        shuffle: bool | Literal["block"] | None = None,
+        shuffle: Shuffle | None = None,
         multiprocessing_context: StartMethod | None = None,
         shared_filesystem: bool = False,
         local_cache_dir: str | os.PathLike[str] | None = None,

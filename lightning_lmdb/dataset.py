@@ -64,7 +64,7 @@ from torch.utils.data import Dataset
 from lightning_lmdb import blockread, envs, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred
-from lightning_lmdb.codec import ImageDecodeError, decode_record
+from lightning_lmdb.codec import ImageDecodeError, storage_mode
 from lightning_lmdb.decoders import decode
 from lightning_lmdb.decoding import DecodingChoice, check_decoding
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
@@ -231,6 +231,7 @@ class LMDBImageDataset(_ImageDataset):
         single = parts[0].path == self.path  # one file: its own id (older files have none in the metadata)
         self.build_id: str = parts[0].build_id if single else str(meta.build_id)
         self.storage: str = meta.storage
+        self._storage = storage_mode(meta.storage)
         self.format_version: int = meta.version
         self._targets: np.ndarray | None = meta.targets
         self._paths: fmt.PathTable | None = meta.paths  # version 1 carries them; version 2 reads them on demand
@@ -346,11 +347,11 @@ class LMDBImageDataset(_ImageDataset):
                     if marks is not None:  # the lookup returns the memory map: its page faults are the read
                         touch_pages(value)
                         marks.append(time.perf_counter())
-                    deferred = self._deferred(value) if self.storage == "encoded" else None
+                    deferred = self._deferred(value) if self._storage.file_bytes else None
                     if deferred is not None:
                         return deferred
                     try:
-                        return decode_record(value, self.storage, decoder=self.decoder, decode_size=self.decode_size)
+                        return self._storage.decode(value, self.decoder, self.decode_size, "<record>")
                     except ImageDecodeError as exc:
                         error = exc
                 else:

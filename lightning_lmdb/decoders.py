@@ -53,7 +53,7 @@ from __future__ import annotations
 import io
 import re
 import warnings
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
 import numpy as np
 from PIL import Image
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
 Decoder = Literal["pil", "torchcodec", "opencv", "auto"]
 #: The valid values of ``decoder=``.
-DECODERS: tuple[str, ...] = ("pil", "torchcodec", "opencv", "auto")
+DECODERS: tuple[str, ...] = get_args(Decoder)
 #: Default pixel limit: Pillow's own warning threshold (~89.5 megapixels).
 DEFAULT_MAX_PIXELS: int = 89_478_485
 #: What Pillow itself refuses (twice its warning threshold): the limit when a caller passes ``max_pixels=None``.
@@ -94,6 +94,21 @@ def _silence_bomb_warning() -> None:
     """
     if _BOMB_FILTER not in warnings.filters:
         warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning, module=_BOMB_FILTER[3].pattern)
+
+
+def check_decoder(decoder: Any, hint: str = "") -> None:
+    """Refuse a ``decoder`` that is not one of :data:`DECODERS`: the one check of every caller's ``decoder=``.
+
+    Args:
+        decoder: The value given.
+        hint: Where to change it, appended in parentheses (e.g. ``"Hydra: data.decoder=..."``); ``""`` for none.
+
+    Raises:
+        OptionError: Naming the value and the valid ones.
+    """
+    if decoder not in DECODERS:
+        where = f" ({hint})" if hint else ""
+        raise OptionError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}{where}.")
 
 
 def _too_many_pixels(name: str, width: int, height: int, limit: int) -> ImageDecodeError:
@@ -158,8 +173,7 @@ def choose(info: ImageInfo, decoder: str) -> str:
     Raises:
         ValueError: ``decoder`` is not one of :data:`DECODERS`.
     """
-    if decoder not in DECODERS:
-        raise OptionError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
+    check_decoder(decoder)
     if decoder == "pil" or info.format == "other" or not info.pixels:
         return "pil"
     if decoder == "auto":

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from lightning_lmdb.batchdecode import Deferred, defer
-from lightning_lmdb.decoders import DECODERS
+from lightning_lmdb.decoders import check_decoder
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.transforms import ResizedCrop
 
@@ -20,8 +20,7 @@ _Choice = TypeVar("_Choice", bound="DecodingChoice")
 
 def check_decoding(decoder: str, decode_size: int | None) -> None:
     """Raise :class:`OptionError` for an unknown ``decoder`` or a ``decode_size`` that is not a positive integer (or None)."""
-    if decoder not in DECODERS:
-        raise OptionError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}.")
+    check_decoder(decoder)
     if decode_size is not None and (isinstance(decode_size, bool) or not isinstance(decode_size, int) or decode_size < 1):
         raise OptionError(f"decode_size={decode_size!r} must be a positive integer (the shorter side the transform needs), or None.")
 

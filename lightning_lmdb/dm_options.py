@@ -1,4 +1,9 @@
-"""The checks ``LMDBDataModule.__init__`` makes of its arguments, and its choice types (each a ``Literal``)."""
+"""The checks ``LMDBDataModule.__init__`` makes of its arguments, and its choice types (each a ``Literal``, its values derived from it).
+
+The build options are :class:`~lightning_lmdb.options.BuildOptions`'s (declared, defaulted and checked there), ``decoder`` is
+:func:`~lightning_lmdb.decoders.check_decoder`'s and ``shuffle`` :func:`~lightning_lmdb.sampler.check_shuffle`'s: the checks here
+call those, adding the Hydra key.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,9 @@ import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
 from lightning_lmdb import transforms
-from lightning_lmdb.decoders import DECODERS
+from lightning_lmdb.decoders import check_decoder
 from lightning_lmdb.errors import OptionError, SourceError
+from lightning_lmdb.sampler import check_shuffle
 
 Backend = Literal["lmdb", "raw"]
 #: A DataLoader worker start method (``None`` in ``LMDBDataModule`` means the platform default).
@@ -43,27 +49,30 @@ def has_images(folder: Path) -> bool:
     return any(has_file_allowed_extension(name, IMG_EXTENSIONS) for _, _, files in os.walk(folder, followlinks=True) for name in files)
 
 
+def hydra_key(name: str) -> str:
+    """Where a Hydra user changes the DataModule's argument ``name``."""
+    return f"Hydra: data.{name}=..."
+
+
 def check_count(name: str, value: Any, minimum: int, meaning: str) -> None:
     """Refuse ``value`` unless it is an integer ``>= minimum`` (``bool`` is not one); ``meaning`` says what it counts."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise OptionError(f"{name}={value!r} must be an integer >= {minimum} ({meaning}; Hydra: data.{name}=...).")
+        raise OptionError(f"{name}={value!r} must be an integer >= {minimum} ({meaning}; {hydra_key(name)}).")
 
 
 def check_choices(*, backend: Any, multiprocessing_context: Any, decoder: Any, decode_device: Any, shuffle: Any,
                   decode_size: Any, finish_on_device: bool) -> None:
-    """Refuse a choice that is not one of its valid values, naming them (for callers that do not check types)."""
+    """Refuse a choice that is not one of its valid values, naming them and the Hydra key (for callers that do not check types)."""
     choices: tuple[tuple[str, Any, tuple[str | None, ...]], ...] = (
         ("backend", backend, BACKENDS),
         ("multiprocessing_context", multiprocessing_context, (*START_METHODS, None)),
-        ("decoder", decoder, DECODERS),
         ("decode_device", decode_device, (*DECODE_DEVICES, None)),
     )
     for name, value, valid in choices:
         if value not in valid:
-            raise OptionError(f"{name}={value!r} is not one of {', '.join(map(repr, valid))}.")
-    if not (shuffle is None or isinstance(shuffle, bool) or (isinstance(shuffle, str) and shuffle == "block")):
-        raise OptionError(f"shuffle={shuffle!r} is not one of True, False, 'block', None (None: 'block' when the training "
-                          "data does not fit in memory, else True).")
+            raise OptionError(f"{name}={value!r} is not one of {', '.join(map(repr, valid))} ({hydra_key(name)}).")
+    check_decoder(decoder, hint=hydra_key("decoder"))
+    check_shuffle(shuffle, none_means="'block' when the training data does not fit in memory, else True", hint=hydra_key("shuffle"))
     if decode_size != "auto" and decode_size is not None and (isinstance(decode_size, bool) or not isinstance(decode_size, int)
                                                               or decode_size < 1):
         raise OptionError(f"decode_size={decode_size!r} must be 'auto', a positive integer or None (decode every image whole).")

@@ -1,32 +1,36 @@
-"""Every build choice, declared and validated once: :class:`BuildOptions`.
+"""Every build choice, declared, defaulted and validated once: :class:`BuildOptions`.
 
 ``build_lmdb``, the ``lightning-lmdb build`` command and ``LMDBDataModule`` all construct one, so a bad
 value fails the same way everywhere (at construction, naming the value and the valid choices) and a
-new option is added here only. The CLI takes its ``choices=`` from :data:`CHOICES`.
+new option is added here only. The CLI takes its ``choices=`` from :data:`CHOICES` (each derived from its
+``Literal``) and its defaults from the class (``BuildOptions.storage`` ...), as ``LMDBDataModule``'s signature does;
+``LMDBDataModule`` names its database files by :meth:`BuildOptions.cache_key`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, STORAGES
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.errors import OptionError
 
 Storage = Literal["encoded", "decoded"]
 OnError = Literal["raise", "skip"]
 OnStale = Literal["rebuild", "error", "ignore"]
 
-#: The valid values of each choice-valued option.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "storage": STORAGES,
-    "on_error": ("raise", "skip"),
-    "on_stale": ("rebuild", "error", "ignore"),
-}
+#: The valid values of each choice-valued option (from its ``Literal``).
+CHOICES: dict[str, tuple[str, ...]] = {"storage": get_args(Storage), "on_error": get_args(OnError), "on_stale": get_args(OnStale)}
 #: The options that shape a database's contents: stored in its metadata and compared by the stale check
 #: (``quality`` only with ``resize``: it changes nothing otherwise).
 CONTENT_OPTIONS = ("storage", "max_pixels", "resize", "quality")
+#: The options that give ``LMDBDataModule`` a database of its own (:meth:`BuildOptions.cache_key`; ``quality`` only with
+#: ``resize``): changing one builds another file beside the first, so switching back finds the first still built. The
+#: other content option, ``max_pixels``, rebuilds the same database in place (its stale check compares it); the rest
+#: (``workers``, ``on_error``, ``on_stale``, ``overwrite``, ``commit_every``, ``progress``, ``shard``) change how a build
+#: runs, not which database it is.
+CACHE_KEY_OPTIONS = ("storage", "resize", "quality", "shards")
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,20 @@ class BuildOptions:
         """
         skip = ("resize", "quality") if self.resize is None else ()
         return {name: getattr(self, name) for name in CONTENT_OPTIONS if name not in skip}
+
+    def cache_key(self) -> str:
+        """The part of ``LMDBDataModule``'s database file name hash that comes from the options (:data:`CACHE_KEY_OPTIONS`).
+
+        Each is ``"\\0"`` and a value: the storage as is, then ``resize=R`` and ``quality=Q`` when resizing, then
+        ``shards=K`` when sharded. Never change this text: the hash of an existing combination names every cached database
+        built with it, and another text would orphan them all (``tests/test_options.py`` pins it).
+        """
+        parts = [self.storage]
+        if self.resize is not None:
+            parts += [f"resize={self.resize}", f"quality={self.quality}"]
+        if self.shards is not None:
+            parts.append(f"shards={self.shards}")
+        return "".join(f"\0{part}" for part in parts)
 
     def replace(self, **changes: Any) -> BuildOptions:
         """A copy with some options changed (validated again)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -38,8 +38,11 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_lmdb.errors import OptionError, ResumeError
 
+BlockShuffle = Literal["block"]
 #: The training order: ``True`` (exact shuffle), ``False`` (in order) or ``"block"`` (block shuffle).
-Shuffle = bool | Literal["block"]
+Shuffle = bool | BlockShuffle
+#: The valid values of ``shuffle=``.
+SHUFFLES: tuple[Shuffle, ...] = (True, False, *get_args(BlockShuffle))
 #: Records per block of a block shuffle over a dataset that does not say (no ``block_size`` attribute).
 DEFAULT_BLOCK_SIZE = 64
 #: Blocks whose records a block shuffle mixes together.
@@ -49,6 +52,26 @@ DEFAULT_WINDOW = 16
 _MUST_MATCH = ("world_size", "dataset_size", "batch_size", "seed", "shuffle", "drop_last")
 #: Keys that must match too when they are saved (a block shuffle's): absent from positions of other orders.
 _MUST_MATCH_IF_SAVED = ("block_size", "window")
+
+
+def check_shuffle(shuffle: Any, *, none_means: str | None = None, hint: str = "") -> None:
+    """Refuse a ``shuffle`` that is not one of :data:`SHUFFLES`: the one check of every caller's ``shuffle=``.
+
+    Args:
+        shuffle: The value given (``1`` is not ``True``: a bool is required).
+        none_means: For callers that also take ``None``: what it means (said in the message); ``None`` refuses it.
+        hint: Where to change it (e.g. ``"Hydra: data.shuffle=..."``), appended to the message; ``""`` for none.
+
+    Raises:
+        OptionError: Naming the value and the valid ones.
+    """
+    allow_none = none_means is not None
+    if isinstance(shuffle, bool) or (isinstance(shuffle, str) and shuffle in SHUFFLES) or (allow_none and shuffle is None):
+        return
+    valid = (*SHUFFLES, None) if allow_none else SHUFFLES
+    notes = [note for note in (f"None: {none_means}" if allow_none else "", hint) if note]
+    suffix = f" ({'; '.join(notes)})" if notes else ""
+    raise OptionError(f"shuffle={shuffle!r} is not one of {', '.join(map(repr, valid))}{suffix}.")
 
 
 def _positive(name: str, value: Any, what: str) -> int:
@@ -102,8 +125,7 @@ class ResumableSampler(DistributedSampler):
         block_size: int | None = None,
         window: int = DEFAULT_WINDOW,
     ):
-        if not (isinstance(shuffle, bool) or (isinstance(shuffle, str) and shuffle == "block")):
-            raise OptionError(f"shuffle={shuffle!r} is not one of True, False, 'block'.")
+        check_shuffle(shuffle)
         if block_size is None:
             block_size = (getattr(dataset, "block_size", None) if shuffle == "block" else None) or DEFAULT_BLOCK_SIZE
         self.block_size = _positive("block_size", block_size, "records per block of shuffle='block'")

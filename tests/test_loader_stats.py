@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import time
 import types
@@ -105,8 +106,9 @@ def test_noop_model_leaves_the_cpu_to_the_loader_while_it_trains() -> None:
 
 
 STAGE_SLEEP_S, STAGE_SAMPLES = 0.05, 5
-#: Where each stage's known delay goes: (module attribute of lightning_lmdb.dataset for LMDB, for raw files).
-STAGE_CALLS = {"read": ("touch_pages", "read_file"), "decode": ("decode_record", "decode")}
+#: Where each stage's known delay goes: (module attribute of lightning_lmdb.dataset for LMDB, for raw files); None: the
+#: LMDB dataset's storage mode's decode.
+STAGE_CALLS = {"read": ("touch_pages", "read_file"), "decode": (None, "decode")}
 
 
 def _slowed(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -125,7 +127,10 @@ def test_each_stage_books_its_own_time(data, monkeypatch: pytest.MonkeyPatch, ki
     dataset = LMDBImageDataset(database, transform=transform) if kind == "lmdb" else RawImageDataset(source, transform=transform)
     if stage in STAGE_CALLS:
         name = STAGE_CALLS[stage][kind == "raw"]
-        monkeypatch.setattr(dataset_module, name, _slowed(getattr(dataset_module, name)))
+        if name is None:
+            monkeypatch.setattr(dataset, "_storage", dataclasses.replace(dataset._storage, decode=_slowed(dataset._storage.decode)))
+        else:
+            monkeypatch.setattr(dataset_module, name, _slowed(getattr(dataset_module, name)))
     stats = dataset.enable_loader_stats()
     dataset[0]  # opening the database, first imports: outside the period
     LoaderStats.next_period()

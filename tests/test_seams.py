@@ -1,16 +1,21 @@
-"""The extension seams: a new source kind is one module registered in ``sources.SOURCE_KINDS``."""
+"""The extension seams: a new source kind is one module registered in ``sources.SOURCE_KINDS``; a new storage mode
+is one entry of ``codec.STORAGE_MODES``; a new decoder is one entry of ``decoders.DECODERS``."""
 
 from __future__ import annotations
 
 import sys
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from imagegen import read_records
 from PIL import Image
 
-from lightning_lmdb import sources
+from lightning_lmdb import codec, options, sources
+from lightning_lmdb import format as fmt
 from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb.verify import verify_lmdb
 from lightning_lmdb.writer import build_lmdb
 
 # A whole source kind: a text file listing "relative-path class-index" lines beside the images.
@@ -62,3 +67,32 @@ def test_an_unknown_source_is_refused_naming_it(tmp_path: Path) -> None:
     stray.write_text("")
     with pytest.raises(FileNotFoundError, match="labels.list"):
         sources.scan_source(stray)
+
+
+def test_a_storage_mode_is_one_registry_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded = codec.STORAGE_MODES["decoded"]
+    zlib_pixels = codec.StorageMode(
+        "zlib",
+        encode=lambda data, image, resize, quality: zlib.compress(decoded.encode(data, image, resize, quality)),
+        decode=lambda value, decoder, size, name: decoded.decode(zlib.decompress(value), decoder, size, name),
+        file_bytes=False,
+    )
+    monkeypatch.setitem(codec.STORAGE_MODES, "zlib", zlib_pixels)
+    # What writing the entry into STORAGE_MODES's literal does at import: the valid values follow the registry.
+    monkeypatch.setattr(codec, "STORAGES", tuple(codec.STORAGE_MODES))
+    monkeypatch.setattr(fmt, "STORAGES", codec.STORAGES)
+    monkeypatch.setitem(options.CHOICES, "storage", codec.STORAGES)
+    source = tmp_path / "src"
+    (source / "cat").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (7, 9, 3), dtype=np.uint8)).save(source / "cat" / f"{i}.png")
+
+    target = build_lmdb(source, tmp_path / "zlib.lmdb", storage="zlib", workers=0, progress=False)
+
+    dataset = LMDBImageDataset(target)
+    for i, path in enumerate(sorted((source / "cat").iterdir())):
+        image, label = dataset[i]
+        assert label == 0 and np.array_equal(np.asarray(image), np.asarray(Image.open(path).convert("RGB")))
+    report = verify_lmdb(target, source=source)
+    assert report.ok and report.checked == 3, report.problems

@@ -241,17 +241,17 @@ def test_cli_subprocess_target_under_a_file_prints_no_traceback(tmp_path: Path) 
 
 _SLOW_BUILD = textwrap.dedent("""
     import os, sys, time
-    from lightning_lmdb import writer
+    from lightning_lmdb import readers
     from lightning_lmdb.cli import main
 
-    read_one = writer._read_one
+    read_one = readers._read_one
 
     def slow_read(task):
         open(os.path.join(os.environ["MARKS"], f"{os.getpid()}-{task[0]}"), "w").close()
         time.sleep(0.05)
         return read_one(task)
 
-    writer._read_one = slow_read
+    readers._read_one = slow_read
     sys.exit(main(sys.argv[1:]))
 """)
 
