@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_lmdb import blockread, netfs, shards
+from lightning_lmdb import blockread, database, netfs
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset
 from lightning_lmdb.errors import CacheDirError
 from lightning_lmdb.format import DatabaseError
@@ -151,10 +151,10 @@ class LMDBBackend(Backend):
         return [self.dm.database_path(split) for split in self.splits()]
 
     def cached_files(self) -> list[str]:
-        return [on_disk(f) for split in self.splits() for f in shards.database_files(self.served_path(split))]
+        return [on_disk(f) for split in self.splits() for f in database.database_files(self.served_path(split))]
 
     def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
-        return shards.database_bytes(self.served_path(split))
+        return database.database_bytes(self.served_path(split))
 
 
 class RawBackend(Backend):
@@ -179,13 +179,13 @@ class RawBackend(Backend):
         scan = scan_source(folder)
         if database.exists():
             try:
-                meta = shards.load_meta(database, arrays=True)
+                meta = database.load_meta(database, arrays=True)
             except (FileNotFoundError, DatabaseError):
                 meta = None
             current = meta is not None and meta.source.fingerprint == scan.fingerprint()
             if current and meta.options.get("max_pixels") == options.max_pixels:
                 # the database's size: a block-shuffled order (and shuffle=None's choice) as the lmdb backend's
-                self.sizes[split] = (shards.database_bytes(database), meta.count)
+                self.sizes[split] = (database.database_bytes(database), meta.count)
                 return RawImageDataset.from_metadata(folder, meta)
         self.sizes[split] = (scan.total_bytes, len(scan.files))
         if options.on_error != "skip":

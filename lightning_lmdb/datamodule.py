@@ -11,9 +11,8 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from torchvision.datasets.folder import find_classes
 
-from lightning_lmdb import backends, envs, shards, transforms
+from lightning_lmdb import backends, database, envs, sources, transforms
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset, available_memory
 from lightning_lmdb.decoders import Decoder
 from lightning_lmdb.dm_loaders import DeviceBatchesMixin, LoadersMixin
@@ -346,13 +345,11 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
         for dataset in self.datasets.values():
             return dataset.classes, dataset.class_to_idx
         split, folder = next((s, d) for s, d in self.dirs.items() if d is not None)
-        if not folder.is_dir() and self.backend == "lmdb":  # on_stale="ignore" serves an existing database without its folder
-            meta = shards.load_meta(self.database_path(split))
+        kind = sources.kind_of(folder)
+        if kind is None and self.backend == "lmdb":  # on_stale="ignore" serves an existing database without its folder
+            meta = database.load_meta(self.database_path(split))
             return meta.classes, meta.class_to_idx
-        try:
-            return find_classes(folder)
-        except FileNotFoundError:  # a flat folder
-            return [], {}
+        return kind.classes(folder) if kind is not None else ([], {})
 
     def cached_files(self) -> list[str]:
         """The files a cold-cache epoch evicts: the databases, or every raw image file."""

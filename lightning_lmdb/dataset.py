@@ -61,7 +61,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from lightning_lmdb import blockread, envs, shards
+from lightning_lmdb import blockread, database, envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred
 from lightning_lmdb.codec import ImageDecodeError, storage_mode
@@ -72,7 +72,6 @@ from lightning_lmdb.sources import read_file, scan_source
 from lightning_lmdb.views import RowView, Split
 
 #: Paths of the database environments open in this process.
-open_environments = envs.open_paths
 
 
 def available_memory() -> int:
@@ -89,7 +88,7 @@ def available_memory() -> int:
 
 def auto_readahead(path: str | os.PathLike[str]) -> bool:
     """Readahead on when the database (its file, or all shards of a sharded folder) is smaller than the memory available."""
-    return shards.database_bytes(path) < available_memory()
+    return database.database_bytes(path) < available_memory()
 
 
 class _ImageDataset(RowView, DecodingChoice, Dataset):
@@ -225,7 +224,7 @@ class LMDBImageDataset(_ImageDataset):
     def _set_parts(self) -> fmt.Metadata:
         """Read the metadata, the database's files (one, or a sharded folder's shards) and the build id; keep the targets."""
         try:
-            meta, parts = shards.open_database(self.path)  # environments left open only if they were open before
+            meta, parts = database.open_database(self.path)  # environments left open only if they were open before
         except lmdb.Error as exc:
             raise envs.damaged(self.path, exc) from exc
         single = parts[0].path == self.path  # one file: its own id (older files have none in the metadata)
@@ -260,7 +259,7 @@ class LMDBImageDataset(_ImageDataset):
         """
         if self._block_reads is not None:
             return self._block_reads.block_size
-        return blockread.block_size_for(shards.database_bytes(self.path), self._count)
+        return blockread.block_size_for(database.database_bytes(self.path), self._count)
 
     def read_blocks(self, enabled: bool = True, block_size: int | None = None) -> LMDBImageDataset:
         """Read each block's bytes in one large read the first time a process loads a sample of it (see :mod:`lightning_lmdb.blockread`).
@@ -302,7 +301,7 @@ class LMDBImageDataset(_ImageDataset):
         try:
             if not self.sharded:
                 return fmt.read_meta(self._opened(0).env, self.path, arrays=arrays)
-            meta = shards.load_meta(self.path, arrays=arrays)
+            meta = database.load_meta(self.path, arrays=arrays)
         except lmdb.Error as exc:
             raise envs.damaged(self.path, exc) from exc
         if meta.build_id != self.build_id:
@@ -371,7 +370,7 @@ class LMDBImageDataset(_ImageDataset):
             return
         for file in self._files:
             envs.close(file)
-        self._check_build(self.path, self.build_id, shards.build_id(self.path))
+        self._check_build(self.path, self.build_id, database.build_id(self.path))
         for file, expected in zip(self._files, self._part_ids, strict=True):
             self._check_build(file, expected, envs.shared(file, readahead=self.readahead).build_id)
 
@@ -440,7 +439,7 @@ class RawImageDataset(_ImageDataset):
 
         Args:
             root: The image folder the database was built from.
-            meta: The database's metadata, read with ``arrays=True`` (e.g. ``shards.load_meta(path, arrays=True)``).
+            meta: The database's metadata, read with ``arrays=True`` (e.g. ``database.load_meta(path, arrays=True)``).
 
         Raises:
             ValueError: ``meta`` was read without the paths.

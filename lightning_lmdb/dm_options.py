@@ -7,16 +7,15 @@ call those, adding the Hydra key.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
-from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from lightning_lmdb import transforms
+from lightning_lmdb import sources, transforms
 from lightning_lmdb.decoders import check_decoder
 from lightning_lmdb.errors import OptionError, SourceError
 from lightning_lmdb.sampler import check_shuffle
@@ -38,15 +37,6 @@ def silence_the_both_hooks_warning() -> None:
     """Lightning's "it will use the implementation from LightningDataModule" is not true here: both hooks run (see ``_chain``)."""
     for hook in CHAINED_HOOKS:
         warnings.filterwarnings("ignore", message=f"You have overridden `{hook}` in both `LightningModule` and `LightningDataModule`")
-
-
-def has_images(folder: Path) -> bool:
-    """Whether ``folder`` holds at least one file named like an image, anywhere below it; stops at the first one found.
-
-    Cheap on a large folder (one listing of the folder and of its first class folder); a folder that
-    :func:`~lightning_lmdb.folder.scan_folder` accepts always has one.
-    """
-    return any(has_file_allowed_extension(name, IMG_EXTENSIONS) for _, _, files in os.walk(folder, followlinks=True) for name in files)
 
 
 def hydra_key(name: str) -> str:
@@ -108,14 +98,15 @@ def check_loader(batch_size: Any, image_size: Any, prefetch_factor: Any, num_wor
 def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, database_path: Callable[[str], Path]) -> None:
     """Refuse a given folder that does not exist or holds no images (with ``serve_without_folder``: unless its database exists)."""
     for split, folder in dirs.items():
-        if folder is not None and not folder.is_dir() and not (serve_without_folder and database_path(split).exists()):
+        if folder is not None and sources.kind_of(folder) is None and not (serve_without_folder and database_path(split).exists()):
             raise FileNotFoundError(
                 f"{split}_dir {str(folder)!r} does not exist or is not a folder. Pass the folder that holds your images"
                 f" (Hydra: data.{split}_dir=/path/to/images)."
                 + (" With on_stale='ignore' an existing database is served without it, but there is none at "
                    f"{str(database_path(split))!r}." if serve_without_folder else "")
             )
-        if folder is not None and not serve_without_folder and not has_images(folder):  # on_stale="ignore" promises no scan
+        # on_stale="ignore" promises no scan
+        if folder is not None and not serve_without_folder and not sources.kind_of(folder).has_samples(folder):
             raise SourceError(
                 f"No images found in {split}_dir {str(folder)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in "
                 f"one subfolder per class (ImageFolder layout) or directly in the folder. Pass the folder that holds your images "

@@ -27,7 +27,6 @@ from lightning_lmdb.format import (
     META_KEY,
     RECORDS_DB,
     DatabaseError,
-    Metadata,
     partial_path,
     raise_no_meta,
     read_meta,
@@ -240,20 +239,3 @@ def read_build_id(env: lmdb.Environment, path: str | os.PathLike[str] = "<databa
         if raw is None:
             raise_no_meta(txn, path)
         return "meta:" + hashlib.blake2b(raw, digest_size=16).hexdigest()
-
-
-def load_meta(path: str | os.PathLike[str], *, arrays: bool = False) -> Metadata:
-    """Check one database file and return its validated metadata (reusing this process's environment on it).
-
-    For a database of either layout (a file or a sharded folder) use :func:`lightning_lmdb.database.load_meta`.
-
-    Args:
-        path: The database file.
-        arrays: Also read the paths and checksums (see :func:`lightning_lmdb.format.read_meta`).
-
-    Raises:
-        FileNotFoundError: No database at ``path``.
-        DatabaseError: Incomplete, foreign, newer-format, truncated or damaged database.
-    """
-    with reading(path) as opened:
-        return read_meta(opened.env, path, arrays=arrays)

@@ -24,8 +24,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_a
 from lightning_lmdb.errors import NotRegularFileError, SourceError
 from lightning_lmdb.sources import NO_TARGET, PrefixFingerprint, SourceFile, SourceScan, not_regular_reason, read_file
 
-__all__ = ["NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "SourceScan", "accepts", "read_file", "scan",
-           "scan_folder"]
+__all__ = ["NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "SourceScan", "accepts", "classes", "has_samples",
+           "read_file", "scan", "scan_folder"]
 
 
 def accepts(path: Path) -> bool:
@@ -36,6 +36,24 @@ def accepts(path: Path) -> bool:
 def scan(source: str | os.PathLike[str]) -> SourceScan:
     """The source-kind entry (:mod:`lightning_lmdb.sources`): :func:`scan_folder`."""
     return scan_folder(source)
+
+
+def has_samples(folder: Path) -> bool:
+    """Whether ``folder`` holds at least one file named like an image, anywhere below it; stops at the first one found.
+
+    Cheap on a large folder (one listing of the folder and of its first class folder); a folder that
+    :func:`scan_folder` accepts always has one.
+    """
+    return any(has_file_allowed_extension(name, IMG_EXTENSIONS) for _, _, files in os.walk(folder, followlinks=True) for name in files)
+
+
+def classes(folder: Path) -> tuple[list[str], dict[str, int]]:
+    """The class folders, as ``ImageFolder`` finds them (none for a flat folder); one listing, no scan."""
+    try:
+        found, class_to_idx = find_classes(folder)
+    except FileNotFoundError:  # a flat folder
+        return [], {}
+    return list(found), dict(class_to_idx)
 
 
 def scan_folder(source: str | os.PathLike[str]) -> SourceScan:

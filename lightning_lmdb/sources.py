@@ -5,9 +5,16 @@ Every consumer (the builder, the raw datasets, the DataModule's backends, ``veri
 path, a path relative to the source's root, a target, a size and a modification time.
 
 **Adding a source kind** is one module plus one line here: the module defines
-``accepts(path) -> bool`` (is this path of my kind?) and ``scan(path) -> SourceScan``, and its name
-goes in :data:`SOURCE_KINDS`, tried in order. Today there is one kind, :mod:`lightning_lmdb.folder`
-(an ImageFolder-layout or flat folder).
+
+* ``accepts(path) -> bool``: is this path of my kind (cheap: no scan);
+* ``scan(path) -> SourceScan``: the full scan (the builder and the raw datasets);
+* ``has_samples(path) -> bool``: a cheap check that it lists at least one image (``LMDBDataModule``
+  refuses an empty source at construction, before any build);
+* ``classes(path) -> (classes, class_to_idx)``: the classes, as cheaply as the kind allows
+  (``LMDBDataModule.num_classes`` before ``setup``);
+
+and its name goes in :data:`SOURCE_KINDS`, tried in order. Today there is one kind,
+:mod:`lightning_lmdb.folder` (an ImageFolder-layout or flat folder).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from lightning_lmdb.errors import NotRegularFileError
 
@@ -27,6 +35,12 @@ NO_TARGET = -1
 SOURCE_KINDS: tuple[str, ...] = ("lightning_lmdb.folder",)
 
 
+def kind_of(source: str | os.PathLike[str]) -> ModuleType | None:
+    """The module of the first source kind of :data:`SOURCE_KINDS` that accepts ``source``; ``None`` if none does."""
+    path = Path(source).expanduser()
+    return next((kind for kind in map(importlib.import_module, SOURCE_KINDS) if kind.accepts(path)), None)
+
+
 def scan_source(source: str | os.PathLike[str]) -> SourceScan:
     """Scan ``source`` with the first source kind of :data:`SOURCE_KINDS` that accepts it.
 
@@ -34,11 +48,10 @@ def scan_source(source: str | os.PathLike[str]) -> SourceScan:
         FileNotFoundError: ``source`` is of no known kind (it does not exist, or is not a folder).
         SourceError: ``source`` holds no images (the kind's own message).
     """
-    path = Path(source).expanduser()
-    for kind in (importlib.import_module(name) for name in SOURCE_KINDS):
-        if kind.accepts(path):
-            return kind.scan(source)
-    raise FileNotFoundError(f"Source folder {str(source)!r} does not exist or is not a folder. Pass the folder that holds your images.")
+    kind = kind_of(source)
+    if kind is None:
+        raise FileNotFoundError(f"Source folder {str(source)!r} does not exist or is not a folder. Pass the folder that holds your images.")
+    return kind.scan(source)
 
 
 @dataclass(frozen=True)

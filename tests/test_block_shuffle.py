@@ -21,6 +21,7 @@ from imagegen import make_jpegs
 from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_lmdb import LMDBDataModule, blockread, build_lmdb, cache, envs, shards
+from lightning_lmdb import database as databases
 from lightning_lmdb import format as fmt
 from lightning_lmdb.datamodule import choose_shuffle
 from lightning_lmdb.dataset import LMDBImageDataset
@@ -330,7 +331,7 @@ def test_reading_one_record_leaves_its_whole_block_cached(database: Path) -> Non
 
 
 def test_block_reads_of_a_sharded_database_read_each_shards_part(database: Path, tmp_path: Path) -> None:
-    source = Path(envs.load_meta(database).source.root)
+    source = Path(databases.load_meta(database).source.root)
     folder = build_lmdb(source, tmp_path / "sharded.lmdb", shards=3, workers=0)
     files = shards.database_files(folder)
     plain = LMDBImageDataset(database, transform=eval_transform(8), readahead=False)

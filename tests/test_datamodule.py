@@ -22,10 +22,10 @@ from hydra.utils import instantiate
 from imagegen import make_jpegs
 from omegaconf import OmegaConf
 
-from lightning_lmdb import LMDBDataModule, shards
+from lightning_lmdb import LMDBDataModule, envs, shards
 from lightning_lmdb import backends as dm_module  # the LMDB backend's builds
 from lightning_lmdb.datamodule import DEFAULT_VAL_FRACTION
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, open_environments
+from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
 from lightning_lmdb.transforms import ResizedCrop, eval_transform
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -57,7 +57,7 @@ def test_plain_python_fit_with_validation_split(tmp_path: Path) -> None:
     assert vars(dm) == before, "prepare_data must not set state"
     assert dm.database_path("train").exists()
     dm.setup("fit")
-    assert open_environments() == [], "the main process holds no environment after setup"
+    assert envs.open_paths() == [], "the main process holds no environment after setup"
     train, val = dm.datasets["train"], dm.datasets["val"]
     assert isinstance(train, LMDBImageDataset) and len(train) == 30 and len(val) == 10
     assert sorted(train.paths + val.paths) == sorted(LMDBImageDataset(dm.database_path("train")).paths)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from imagegen import downgrade_to_v1, make_folder, make_jpegs, read_records
 
-from lightning_lmdb import LMDBDataModule, envs
+from lightning_lmdb import LMDBDataModule, database, envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
 from lightning_lmdb.options import CHOICES, BuildOptions
@@ -36,14 +36,14 @@ def test_v2_header_is_small_and_arrays_round_trip(folder_and_db: tuple[Path, Pat
     obj = json.loads(header)
     assert obj["version"] == 2 and not {"targets", "paths", "checksums"} & obj.keys() and len(header) < 2000
     assert set(obj["arrays"]) == set(fmt.ARRAYS)
-    meta = envs.load_meta(db, arrays=True)
+    meta = database.load_meta(db, arrays=True)
     assert meta.version == 2 and meta.count == len(raw) and meta.build_id
     assert meta.targets.dtype == np.int32 and meta.targets.tolist() == raw.targets
     assert not meta.targets.flags.writeable
     assert meta.paths is not None and meta.paths.tolist() == raw.paths
     assert any(not p.isascii() for p in meta.paths.tolist())
     assert meta.checksums is not None and meta.checksums.shape == (meta.count, fmt.CHECKSUM_SIZE)
-    lean = envs.load_meta(db)
+    lean = database.load_meta(db)
     assert lean.paths is None and lean.checksums is None, "opening reads the header and targets only"
 
 
@@ -93,11 +93,11 @@ def test_v1_databases_are_still_read_and_rebuilt_in_v2(
     assert describe_lmdb(v1)["format_version"] == 1
     assert verify_lmdb(v1, source).ok
     assert build(source, v1, on_stale="ignore", workers=0, progress=False).action == "up-to-date"
-    assert envs.load_meta(v1).version == 1
+    assert database.load_meta(v1).version == 1
     with caplog.at_level(logging.INFO, logger="lightning_lmdb.writer"):
         report = build(source, v1, workers=0, progress=False)
     assert report.action == "built" and "format version 1" in caplog.text
-    assert envs.load_meta(v1).version == 2
+    assert database.load_meta(v1).version == 2
     assert read_records(v1)[1] == read_records(db)[1]
 
 

@@ -14,7 +14,9 @@ from PIL import Image
 
 from lightning_lmdb import codec, options, sources
 from lightning_lmdb import format as fmt
+from lightning_lmdb.datamodule import LMDBDataModule
 from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb.transforms import eval_transform
 from lightning_lmdb.verify import verify_lmdb
 from lightning_lmdb.writer import build_lmdb
 
@@ -34,6 +36,12 @@ def scan(source):
         st = (root / relpath).stat()
         files.append(SourceFile(str(root / relpath), relpath, int(target), st.st_size, st.st_mtime_ns))
     return SourceScan(root=root, classes=["a", "b"], class_to_idx={"a": 0, "b": 1}, files=files)
+
+def has_samples(path):
+    return bool(path.read_text().strip())
+
+def classes(path):
+    return ["a", "b"], {"a": 0, "b": 1}
 '''
 
 
@@ -60,6 +68,14 @@ def test_a_source_kind_is_one_module(list_kind: str, tmp_path: Path) -> None:
     assert meta["paths"] == ["2.png", "0.png", "1.png"] and meta["targets"] == [1, 0, 1]
     assert values == [(images / name).read_bytes() for name in ("2.png", "0.png", "1.png")]
     assert [LMDBImageDataset(target)[i][1] for i in range(3)] == [1, 0, 1]
+
+    data = LMDBDataModule(train_dir=listing, val_fraction=0, cache_dir=tmp_path / "cache", batch_size=3, num_workers=0,
+                          image_size=4, train_transform=eval_transform(4))
+    assert data.num_classes == 2
+    data.prepare_data()
+    data.setup("fit")
+    _, labels = next(iter(data.train_dataloader()))
+    assert sorted(labels.tolist()) == [0, 1, 1]
 
 
 def test_an_unknown_source_is_refused_naming_it(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 from faultkit import Child, contents, leftovers, run_forked, sharded_contents
 from imagegen import make_jpegs
 
-from lightning_lmdb import cli, envs, filebuild, shards
+from lightning_lmdb import cli, database, envs, filebuild, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.verify import verify_lmdb
 from lightning_lmdb.writer import FAULT_ENV, build
@@ -282,7 +282,7 @@ def _sharded_build_killed_at(source: Path, target: Path, point: str, nth: int, w
 
 def _finished_shards(folder: Path) -> dict[str, tuple[int, int]]:
     """``{file name: (inode, record count)}`` of the finished shard files in ``folder``."""
-    return {path.name: (path.stat().st_ino, envs.load_meta(path).count) for path in shards.shard_files(folder).values()}
+    return {path.name: (path.stat().st_ino, database.load_meta(path).count) for path in shards.shard_files(folder).values()}
 
 
 def _same_sharded_database(folder: Path, reference: Path, source: Path) -> None:

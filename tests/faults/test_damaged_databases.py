@@ -23,7 +23,7 @@ from imagegen import make_jpegs
 from torch.utils.data import DataLoader
 from torchvision.transforms.functional import pil_to_tensor
 
-from lightning_lmdb import envs
+from lightning_lmdb import database
 from lightning_lmdb import format as fmt
 from lightning_lmdb.dataset import LMDBImageDataset
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
@@ -265,12 +265,12 @@ def _copy_over_open_file_then_reopen(path: Path, other: Path) -> dict[str, objec
 def test_copy_over_an_open_file_is_noticed_by_the_next_open(tmp_path: Path, builds: dict[str, Path]) -> None:
     path = _copy(builds["a"], tmp_path / "data.lmdb")
     other = _copy(builds["b"], tmp_path / "other.lmdb")
-    other_id = envs.load_meta(other).build_id
+    other_id = database.load_meta(other).build_id
     outcome = run_forked(_copy_over_open_file_then_reopen, path, other)
     assert outcome.status == "returned", str(outcome)
     value = outcome.value
     assert value["new_build_id"] == value["described"] == other_id, "the new dataset must describe the file now at the path"
-    assert value["new_targets"] == envs.load_meta(other).targets.tolist()
+    assert value["new_targets"] == database.load_meta(other).targets.tolist()
     assert value["old_error"] is not None and REPLACED in value["old_error"], "the old dataset must not serve the other build's records"
 
 
