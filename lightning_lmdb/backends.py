@@ -175,17 +175,17 @@ class RawBackend(Backend):
         or (none, and ``on_error="skip"``) reads and decodes every file once here, as the builder would.
         """
         dm, options = self.dm, self.dm.build_options
-        folder, database = dm.source_path(split), dm.database_path(split)
+        folder, built = dm.source_path(split), dm.database_path(split)
         scan = scan_source(folder)
-        if database.exists():
+        if built.exists():
             try:
-                meta = database.load_meta(database, arrays=True)
+                meta = database.load_meta(built, arrays=True)
             except (FileNotFoundError, DatabaseError):
                 meta = None
             current = meta is not None and meta.source.fingerprint == scan.fingerprint()
             if current and meta.options.get("max_pixels") == options.max_pixels:
                 # the database's size: a block-shuffled order (and shuffle=None's choice) as the lmdb backend's
-                self.sizes[split] = (database.database_bytes(database), meta.count)
+                self.sizes[split] = (database.database_bytes(built), meta.count)
                 return RawImageDataset.from_metadata(folder, meta)
         self.sizes[split] = (scan.total_bytes, len(scan.files))
         if options.on_error != "skip":

@@ -19,7 +19,7 @@ from lightning_lmdb import blockread, envs, shards
 from lightning_lmdb import dataset as ds_module
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import STORAGES
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, auto_readahead, open_environments
+from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, auto_readahead
 from lightning_lmdb.transforms import eval_transform, train_transform
 from lightning_lmdb.writer import build_lmdb
 
@@ -91,7 +91,7 @@ def test_dataloader_workers_under_every_start_method(folder_and_dbs, context: st
     source, dbs = folder_and_dbs
     dataset = LMDBImageDataset(dbs["encoded"], transform=eval_transform(16))
     dataset[0]  # the main process has read (and holds an environment) before the workers start
-    assert dataset.path in open_environments()
+    assert dataset.path in envs.open_paths()
     loader = DataLoader(dataset, batch_size=5, num_workers=2, multiprocessing_context=context)
     assert _labels(loader) == dataset.targets
     batch = next(iter(loader))[0]
@@ -110,7 +110,7 @@ def test_pickles_before_and_after_use_and_views_share_one_environment(folder_and
     source, dbs = folder_and_dbs
     envs.close_all()
     dataset = LMDBImageDataset(dbs["encoded"])
-    assert open_environments() == [], "construction must not leave an environment open"
+    assert envs.open_paths() == [], "construction must not leave an environment open"
     clone = pickle.loads(pickle.dumps(dataset))
     first = np.asarray(dataset[3][0])
     again = pickle.loads(pickle.dumps(dataset))
@@ -119,7 +119,7 @@ def test_pickles_before_and_after_use_and_views_share_one_environment(folder_and
     train, val = dataset.view([0, 1, 2], None), dataset.view([5, 4], None)
     assert train.targets == dataset.targets[:3] and val.paths == [dataset.paths[5], dataset.paths[4]]
     np.testing.assert_array_equal(np.asarray(val[1][0]), np.asarray(dataset[4][0]))
-    assert open_environments() == [dataset.path], "every dataset object on one file shares one environment"
+    assert envs.open_paths() == [dataset.path], "every dataset object on one file shares one environment"
     envs.close_all()
 
 

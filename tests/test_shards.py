@@ -14,7 +14,7 @@ from imagegen import make_jpegs
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, envs, readers, shards
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, readers, shards
 from lightning_lmdb import format as fmt
 from lightning_lmdb.bench import run_read_benchmark
 from lightning_lmdb.cli import main
@@ -329,7 +329,7 @@ def _skewed_folder(root: Path) -> Path:
 def test_shards_are_cut_where_the_source_bytes_are_even(tmp_path: Path) -> None:
     source = _skewed_folder(tmp_path / "src")
     folder = build_lmdb(source, tmp_path / "db.lmdb", shards=2, storage="decoded", workers=2, progress=False)
-    metas = [envs.load_meta(p) for p in shards.database_files(folder)]
+    metas = [shards.load_meta(p) for p in shards.database_files(folder)]
     source_bytes = [m.source.bytes for m in metas]
     assert max(source_bytes) < 1.5 * min(source_bytes), f"unbalanced shards: {source_bytes} source bytes"
     sizes = [p.stat().st_size for p in shards.database_files(folder)]
@@ -340,7 +340,7 @@ def test_shards_are_cut_where_the_source_bytes_are_even(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs.lmdb"
     for index in (1, 0):
         build(source, jobs, shards=2, shard=index, storage="decoded", workers=0, progress=False)
-    assert [envs.load_meta(p).shard for p in shards.database_files(jobs)] == [m.shard for m in metas]
+    assert [shards.load_meta(p).shard for p in shards.database_files(jobs)] == [m.shard for m in metas]
 
 
 @pytest.mark.parametrize("sizes", [[5] * 7, [0] * 5, [10**9] + [1] * 9, [1] * 9 + [10**9], [3, 10**6, 3, 3, 10**6, 3]])
@@ -364,4 +364,4 @@ def test_a_refused_build_leaves_nothing_behind(tmp_path: Path, capsys: pytest.Ca
         build_lmdb(tmp_path / "missing", tmp_path / "new" / "y.lmdb", shards=2, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert main(["build", str(source), str(tmp_path / "x.lmdb"), "--quiet"]) == 0  # the plain build is not in the way of anything
-    assert envs.load_meta(tmp_path / "x.lmdb").count == 4
+    assert shards.load_meta(tmp_path / "x.lmdb").count == 4

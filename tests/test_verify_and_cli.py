@@ -20,7 +20,7 @@ from imagegen import make_jpegs, truncated_jpeg
 from PIL import Image
 
 import lightning_lmdb
-from lightning_lmdb import envs, verify, writer
+from lightning_lmdb import database, envs, verify, writer
 from lightning_lmdb import format as fmt
 from lightning_lmdb.cli import main
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
@@ -371,7 +371,7 @@ def test_cli_verify_skipped_files(built_with_skips: tuple[Path, Path], capsys: p
     assert "skipped: 2" in out and "c0/x_corrupt.jpg: " in out and "corrupt or truncated" in out
     assert main(["info", str(db), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] == describe_lmdb(db)["skipped"] == [
-        {"path": s.path, "reason": s.reason} for s in envs.load_meta(db).skipped
+        {"path": s.path, "reason": s.reason} for s in database.load_meta(db).skipped
     ]
 
 
