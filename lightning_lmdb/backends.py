@@ -6,13 +6,14 @@ import contextlib
 import errno
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_lmdb import blockread, database, netfs
+from lightning_lmdb import blockread, database, fsops, netfs
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset
 from lightning_lmdb.errors import CacheDirError
 from lightning_lmdb.format import DatabaseError
@@ -111,8 +112,30 @@ class LMDBBackend(Backend):
                             build_shards(source, target, options, mine)
                     elif node == 0:  # one file: node 0 builds it, the others wait at Lightning's barrier after prepare_data
                         build_lmdb(source, target, options)
+                    if node == 0 and target.exists():
+                        self._retire_old_default(split, target)
         if not (dm.shared_filesystem and nodes > 1):  # else after the barrier: another node may still be building them here
             self._stage()
+
+    def _retire_old_default(self, split: str, built: Path) -> None:
+        """Delete the copy of ``split``'s database that the old default, ``storage="encoded"``, left in the cache.
+
+        ``storage="auto"`` replaced ``"encoded"`` as the default; its database has a name of its own (the storage is part
+        of the cache key), so the one the old default built would otherwise stay beside it, unused, as large
+        as the images. It goes once the new one is built (with ``storage="encoded"`` asked for again, it is
+        built again).
+        """
+        if self.dm.build_options.storage != "auto":
+            return
+        old = self.dm.database_path(split, self.dm.build_options.replace(storage="encoded"))
+        if old == built or not old.exists():
+            return
+        for path in (old, *fsops.build_files(old)):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        log.info("Removed %s: the database of the former default storage='encoded', replaced by %s (storage='auto').", old, built)
 
     def after_barrier(self) -> None:
         if self.dm.shared_filesystem and self._node()[1] > 1:  # every node's databases are complete now

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import numpy as np
 
 from lightning_lmdb import database, envs
 from lightning_lmdb import format as fmt
@@ -46,6 +47,7 @@ from lightning_lmdb.cache import evict, resident_fraction
 from lightning_lmdb.codec import decode_record
 from lightning_lmdb.decoders import check_decoder, decode
 from lightning_lmdb.errors import OptionError
+from lightning_lmdb.options import BuildOptions
 
 #: (name, readahead) of the storages measured; ``None`` means raw files.
 STORAGES: tuple[tuple[str, bool | None], ...] = (("raw", None), ("lmdb readahead=on", True), ("lmdb readahead=off", False))
@@ -73,7 +75,7 @@ def run_read_benchmark(
     Args:
         source: The image folder.
         target: The database built from it; built first (quietly) if missing or stale. An existing
-            database keeps its storage (``encoded`` or ``decoded``).
+            database keeps its storage.
         passes: Repetitions of the whole schedule; each row reports the median.
         limit: Read only the first ``limit`` records of the shuffled order (``None``: all).
         workers: Build processes, if a build is needed (``None``: one per core). Reads are measured
@@ -134,7 +136,7 @@ def run_read_benchmark(
                 )
             with _served(source_root, target, files, readahead is None, latency_ms) as (served_files, served_target):
                 for regime in REGIMES:
-                    seconds, size = _pass(name, readahead, served_files, served_target, order, storage, decoder if decode else None)
+                    seconds, size = _pass(name, readahead, served_files, served_target, order, meta.codecs, decoder if decode else None)
                     times[name, regime].append(seconds)
                     nbytes[name] = size
 
@@ -182,16 +184,16 @@ def _served(source: Path, target: Path, files: list[str], raw: bool, latency_ms:
 
 
 def _existing_layout(target: Path) -> tuple[str, int | None]:
-    """The storage and shard count of an existing finished database at ``target`` (so it is not rebuilt), else one encoded file."""
+    """The storage and shard count of an existing finished database at ``target`` (so it is not rebuilt), else the default's one file."""
     try:
         storage = database.load_meta(target).storage
     except (FileNotFoundError, fmt.DatabaseError):
-        return "encoded", None
+        return BuildOptions.storage, None
     return storage, len(database.database_files(target)) if database.is_sharded(target) else None
 
 
 def _pass(
-    name: str, readahead: bool | None, files: Sequence[str], target: Path, order: Sequence[int], storage: str, decoder: str | None
+    name: str, readahead: bool | None, files: Sequence[str], target: Path, order: Sequence[int], codecs: np.ndarray, decoder: str | None
 ) -> tuple[float, int]:
     """One timed pass over the samples; returns (seconds, bytes read)."""
     total = 0
@@ -222,7 +224,7 @@ def _pass(
                 raise fmt.DatabaseError(f"{parts[at].path!r} has no record {key.decode()}: the database is damaged; rebuild it.")
             total += len(value)
             if decoder is not None:
-                decode_record(value, storage, name=f"{target.name}[{index}]", decoder=decoder)
+                decode_record(value, int(codecs[index]), name=f"{target.name}[{index}]", decoder=decoder)
         seconds = time.perf_counter() - started
         for txn in txns:
             txn.abort()

@@ -104,6 +104,8 @@ def _info(args: argparse.Namespace) -> int:
             value = f"{len(value)}" + "".join(f"\n    {s['path']}: {s['reason']}" for s in value)
         elif key == "size_ratio":
             value = f"{value:.3f} x source bytes"
+        elif key == "codecs":
+            value = ", ".join(f"{name} {count:,}" for name, count in value.items())
         print(f"{key:>16}: {value}")
     print(f"{'classes':>16}: {shown or '(unlabelled)'}")
     return 0

@@ -1,25 +1,48 @@
 """The storage codec: the one place where source bytes become record values and records become pixels.
 
+Storage modes (``storage=``) and record codecs
+----------------------------------------------
+
+A **storage mode** is the builder's policy: what record it makes of each source file. A **record
+codec** is how one record's value is laid out; the format records each record's codec
+(``meta/codecs``), so one database can mix them.
+
+* ``"auto"`` (the default): **per record**. Lossy sources (JPEG, lossy WebP) keep their file's bytes
+  (so reduced-size JPEG decoding and batched GPU decoding apply); 16-bit PNGs keep their bytes too (the
+  decoders deliberately differ on them: PIL clips, the tensor decoders scale; see
+  :mod:`lightning_lmdb.decoders`); every other image (8-bit and lower PNG in any mode, lossless WebP,
+  GIF, BMP, TIFF, ...) is stored as **zstd-compressed RGB pixels**: exactly PIL's ``convert("RGB")``,
+  what every decoder returns for such a file, at about the size of the file and many times faster to
+  read back than inflating a PNG.
+* ``"encoded"``: every record is the file's own bytes.
+* ``"decoded"``: every record is raw RGB pixels (no decode at read time, 4-8x the files' size).
+
+With ``resize=S``, images whose shorter side is larger than ``S`` are shrunk so it is ``S`` (aspect kept,
+never upscaled, OpenCV ``INTER_AREA``) and stored re-encoded: JPEG at ``quality`` for lossy sources;
+for lossless ones zstd pixels (``auto``), PNG (``encoded``) or pixels (``decoded``). An image already
+that small is stored as it is. The ``encoded`` mode's PNG is written for decoding speed: without
+per-row filters (zlib level 6, ``Z_FILTERED``), which decoded 1.4x faster than OpenCV's default
+(filtered) PNG on resized icons, for 11 % more bytes -- unless it is over
+:data:`UNFILTERED_PNG_MAX_GROWTH` times the size of the filtered one (photo-like content, where the
+filters are what compresses), when the filtered PNG is kept. All are lossless: the pixels are the same.
+
 * :func:`encode_record` (the builder): validate a source file by decoding it fully with PIL (exactly
-  ``ImageFolder``'s RGB conversion), and return the value stored for it -- the file's bytes
-  (``storage="encoded"``) or its RGB pixels (``"decoded"``); with ``resize=S``, the image shrunk so its
-  shorter side is at most ``S`` (aspect kept, never upscaled, OpenCV ``INTER_AREA``), stored re-encoded
-  (JPEG at ``quality`` for lossy sources -- JPEG, lossy WebP --, PNG for lossless ones) or as pixels.
-  An image already that small is stored as it is. The PNG is written for decoding speed: without
-  per-row filters (zlib level 6, ``Z_FILTERED``), which decoded 1.4x faster than OpenCV's default
-  (filtered) PNG on resized icons, for 11 % more bytes -- unless it is over
-  :data:`UNFILTERED_PNG_MAX_GROWTH` times the size of the filtered one (photo-like content, where the
-  filters are what compresses), when the filtered PNG is kept. Both are lossless: the pixels are the same.
-* :func:`decode_record` (the datasets, ``verify``, ``bench``): a stored value back to an RGB image,
-  through :mod:`lightning_lmdb.decoders` (PIL image for ``decoder="pil"``, else a ``uint8`` tensor).
+  ``ImageFolder``'s RGB conversion) and return the record codec and value stored for it.
+* :func:`decode_record` (the datasets, ``verify``, ``bench``): a stored value back to an RGB image (PIL
+  image for ``decoder="pil"``, else a ``uint8 3 x H x W`` tensor sharing the decompressed memory).
 
-**Adding a storage mode** is one :class:`StorageMode` entry in :data:`STORAGE_MODES` (its ``encode``, its
-``decode`` and whether its records are image files' bytes); the option's valid values, the metadata
-check, the builder, the datasets, ``verify`` and ``bench`` all read the registry. A new decoder is one
-entry of :data:`lightning_lmdb.decoders.DECODERS`.
+Record layouts: ``pixels`` -- a 12-byte header (``<III``: height, width, channels) and the
+``uint8`` pixels, row-major ``H x W x C``; ``zstd pixels`` -- the same header, then one zstd frame of
+the pixels (:mod:`lightning_lmdb.zstd`: content size and content checksum on) at level
+:data:`ZSTD_LEVEL`, with ``C = 1`` when the image is grey (all three channels equal: grey, grey +
+alpha, 1-bit, grey palettes), replicated to RGB when read. The file codecs (``JPEG``, ``PNG``,
+``WebP``, ``image file``) are image files' bytes, decoded by :mod:`lightning_lmdb.decoders`.
 
-``decoded`` record layout: a 12-byte header (``<III``: height, width, channels) followed by RGB
-``uint8`` pixels in row-major ``H x W x C`` order.
+**Adding a storage mode** is one :class:`StorageMode` entry in :data:`STORAGE_MODES` (and its name in
+``options.Storage``); a new record layout is one :class:`RecordCodec` at the end of
+:data:`RECORD_CODECS`. The option's valid values, the metadata check, the builder, the datasets,
+``verify`` and ``bench`` all read the registries. A new decoder is one entry of
+:data:`lightning_lmdb.decoders.DECODERS`.
 """
 
 from __future__ import annotations
@@ -32,6 +55,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
+from lightning_lmdb import zstd
 from lightning_lmdb.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor
 from lightning_lmdb.errors import RecordError
 from lightning_lmdb.imageinfo import read_info
@@ -39,13 +63,16 @@ from lightning_lmdb.imageinfo import read_info
 if TYPE_CHECKING:  # torch is imported where a tensor is made (decoders.hwc_to_tensor): info and verify do without it
     import torch
 
-__all__ = ["STORAGES", "STORAGE_MODES", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordError", "StorageMode", "decode_record",
-           "encode_record", "encode_pixels", "decode_pixels", "resize_pixels", "storage_mode"]
+__all__ = ["STORAGES", "STORAGE_MODES", "RECORD_CODECS", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordCodec", "RecordError",
+           "StorageMode", "decode_record", "encode_record", "encode_pixels", "decode_pixels", "encode_zstd_pixels", "decode_zstd_pixels",
+           "resize_pixels", "storage_mode"]
 
 #: JPEG quality of re-encoded lossy sources in a ``resize=`` build.
 DEFAULT_QUALITY = 90
 #: A resized lossless image is stored as an unfiltered PNG unless that is this much larger than OpenCV's filtered one.
 UNFILTERED_PNG_MAX_GROWTH = 1.25
+#: The zstd level of ``zstd pixels`` records (chosen by measurement: see docs/decoding.md), recorded in the metadata.
+ZSTD_LEVEL = 3
 _PIXEL_HEADER = struct.Struct("<III")
 
 def encode_pixels(pixels: np.ndarray) -> bytes:
@@ -62,15 +89,46 @@ def decode_pixels(value: bytes | memoryview) -> np.ndarray:
     Raises:
         RecordError: The value's length does not match its header.
     """
-    if len(value) < _PIXEL_HEADER.size:
-        raise RecordError(
-            f"Decoded record holds {len(value)} bytes, less than its {_PIXEL_HEADER.size}-byte header: the database is damaged."
-        )
-    height, width, channels = _PIXEL_HEADER.unpack_from(value)
+    height, width, channels = _header(value, "Decoded")
     expected = _PIXEL_HEADER.size + height * width * channels
     if len(value) != expected:
         raise RecordError(f"Decoded record holds {len(value)} bytes, its header promises {expected}: the database is damaged.")
     return np.frombuffer(value, dtype=np.uint8, offset=_PIXEL_HEADER.size).reshape(height, width, channels).copy()
+
+
+def _header(value: bytes | memoryview, kind: str) -> tuple[int, int, int]:
+    if len(value) < _PIXEL_HEADER.size:
+        raise RecordError(f"{kind} record holds {len(value)} bytes, less than its {_PIXEL_HEADER.size}-byte header: "
+                          "the database is damaged.")
+    return _PIXEL_HEADER.unpack_from(value)
+
+
+def encode_zstd_pixels(pixels: np.ndarray, level: int = ZSTD_LEVEL) -> bytes:
+    """Serialise ``H x W x 3`` ``uint8`` RGB pixels as a ``zstd pixels`` record value (one channel when grey)."""
+    if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise ValueError(f"Expected an H x W x 3 uint8 array, got shape {pixels.shape} dtype {pixels.dtype}.")
+    red, green, blue = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+    if np.array_equal(red, green) and np.array_equal(green, blue):
+        pixels = pixels[..., :1]
+    height, width, channels = pixels.shape
+    return _PIXEL_HEADER.pack(height, width, channels) + zstd.compress(np.ascontiguousarray(pixels).data, level)
+
+
+def decode_zstd_pixels(value: bytes | memoryview) -> np.ndarray:
+    """Parse a ``zstd pixels`` record value into a writable ``H x W x 3`` ``uint8`` RGB array.
+
+    Raises:
+        RecordError: The frame is damaged (its checksum, its length, not zstd) or its header is impossible.
+    """
+    height, width, channels = _header(value, "Compressed-pixel")
+    if channels not in (1, 3):
+        raise RecordError(f"Compressed-pixel record has {channels} channels (1 or 3 are written): the database is damaged.")
+    pixels = np.empty((height, width, channels), dtype=np.uint8)
+    try:
+        zstd.decompress_into(memoryview(value)[_PIXEL_HEADER.size:], pixels.reshape(-1).data)
+    except (ValueError, *zstd.ERRORS) as exc:
+        raise RecordError(f"Compressed-pixel record is damaged ({exc}).") from None
+    return np.repeat(pixels, 3, axis=2) if channels == 1 else pixels
 
 
 def resize_pixels(pixels: np.ndarray, side: int) -> np.ndarray:
@@ -106,54 +164,97 @@ def _imencode(extension: str, bgr: np.ndarray, params: list[int]) -> bytes:
     return buffer.tobytes()
 
 
-def _encode_file(data: bytes, image: Image.Image, resize: int | None, quality: int) -> bytes:
+def _file_codec(data: bytes | memoryview) -> int:
+    """The file codec of an image file's bytes, by its format."""
+    return _FILE_CODECS.get(read_info(data).format, FILE)
+
+
+def _encode_file(data: bytes, image: Image.Image, resize: int | None, quality: int) -> tuple[int, bytes]:
     """``encoded``: the file's own bytes; resized, re-encoded (JPEG for lossy sources, PNG for lossless ones)."""
     if resize is None or min(image.size) <= resize:
-        return data
-    return _encode_image(resize_pixels(np.asarray(image), resize), read_info(data).lossy, quality)
+        return _file_codec(data), data
+    lossy = read_info(data).lossy
+    return (JPEG if lossy else PNG), _encode_image(resize_pixels(np.asarray(image), resize), lossy, quality)
 
 
-def _encode_decoded(data: bytes, image: Image.Image, resize: int | None, quality: int) -> bytes:
+def _encode_decoded(data: bytes, image: Image.Image, resize: int | None, quality: int) -> tuple[int, bytes]:
     """``decoded``: the RGB pixels (resized when asked)."""
     pixels = np.asarray(image)
-    return encode_pixels(pixels if resize is None else resize_pixels(pixels, resize))
+    return PIXELS, encode_pixels(pixels if resize is None else resize_pixels(pixels, resize))
+
+
+def _encode_auto(data: bytes, image: Image.Image, resize: int | None, quality: int) -> tuple[int, bytes]:
+    """``auto``: lossy sources and unresized 16-bit PNGs as files (:func:`_encode_file`), every other image as zstd pixels."""
+    info = read_info(data)
+    small = resize is None or min(image.size) <= resize
+    if info.lossy or (small and info.format == "png" and info.bit_depth > 8):
+        return _encode_file(data, image, resize, quality)
+    pixels = np.asarray(image)
+    return ZSTD_PIXELS, encode_zstd_pixels(pixels if small else resize_pixels(pixels, resize))
 
 
 def _decode_file(value: bytes | memoryview, decoder: str, decode_size: int | None, name: str) -> Image.Image | torch.Tensor:
     return decode(value, decoder, decode_size=decode_size, name=name)
 
 
-def _decode_decoded(value: bytes | memoryview, decoder: str, decode_size: int | None, name: str) -> Image.Image | torch.Tensor:
-    pixels = decode_pixels(value)
+def _to_image(pixels: np.ndarray, decoder: str) -> Image.Image | torch.Tensor:
     return Image.fromarray(pixels) if decoder == "pil" else hwc_to_tensor(pixels)
 
 
 @dataclass(frozen=True)
+class RecordCodec:
+    """How one record's value is laid out, and how it is read back.
+
+    Attributes:
+        id: Its number in ``meta/codecs`` (its index in :data:`RECORD_CODECS`).
+        name: How ``info`` names it.
+        decode: ``(record value, decoder, decode_size, name) -> RGB image`` (PIL for ``decoder="pil"``, else a
+            ``uint8 3 x H x W`` tensor).
+        file_bytes: The value is an image file's bytes: batched GPU decoding and reduced-size JPEG decoding
+            apply, and ``verify`` compares an unresized record with its file byte for byte.
+    """
+
+    id: int
+    name: str
+    decode: Callable[[bytes | memoryview, str, int | None, str], Image.Image | torch.Tensor]
+    file_bytes: bool
+
+
+#: Every record codec, by id (the format stores the id: append new ones, never renumber).
+RECORD_CODECS: tuple[RecordCodec, ...] = (
+    RecordCodec(0, "image file", _decode_file, file_bytes=True),  # a file of another format (GIF, BMP, TIFF, ...), or unknown
+    RecordCodec(1, "pixels", lambda value, decoder, size, name: _to_image(decode_pixels(value), decoder), file_bytes=False),
+    RecordCodec(2, "zstd pixels", lambda value, decoder, size, name: _to_image(decode_zstd_pixels(value), decoder), file_bytes=False),
+    RecordCodec(3, "JPEG", _decode_file, file_bytes=True),
+    RecordCodec(4, "PNG", _decode_file, file_bytes=True),
+    RecordCodec(5, "WebP", _decode_file, file_bytes=True),
+)
+FILE, PIXELS, ZSTD_PIXELS, JPEG, PNG, WEBP = range(6)
+_FILE_CODECS = {"jpeg": JPEG, "png": PNG, "webp": WEBP}
+
+
+@dataclass(frozen=True)
 class StorageMode:
-    """One storage mode: how the builder turns a source file into a record value, and how a record is read back.
+    """One storage mode: what record the builder makes of each source file.
 
     Attributes:
         name: The ``storage=`` value.
-        encode: ``(file bytes, the file decoded to RGB by PIL, resize, quality) -> record value``.
-        decode: ``(record value, decoder, decode_size, name) -> RGB image`` (PIL for ``decoder="pil"``, else a
-            ``uint8 3 x H x W`` tensor).
-        file_bytes: The records are image files' bytes (the original file's, or a re-encoded one with
-            ``resize``): batched GPU decoding and reduced-size JPEG decoding apply, and ``verify`` compares an
-            unresized record with the file byte for byte (re-encoded ones within a lossy codec's tolerance).
+        encode: ``(file bytes, the file decoded to RGB by PIL, resize, quality) -> (record codec id, value)``.
+        default_codec: The codec of every record of a database written before ``meta/codecs`` existed.
     """
 
     name: str
-    encode: Callable[[bytes, Image.Image, int | None, int], bytes]
-    decode: Callable[[bytes | memoryview, str, int | None, str], Image.Image | torch.Tensor]
-    file_bytes: bool
+    encode: Callable[[bytes, Image.Image, int | None, int], tuple[int, bytes]]
+    default_codec: int
 
 
 #: Every storage mode, by name (the first is the default).
 STORAGE_MODES: dict[str, StorageMode] = {
     mode.name: mode
     for mode in (
-        StorageMode("encoded", _encode_file, _decode_file, file_bytes=True),
-        StorageMode("decoded", _encode_decoded, _decode_decoded, file_bytes=False),
+        StorageMode("auto", _encode_auto, default_codec=ZSTD_PIXELS),
+        StorageMode("encoded", _encode_file, default_codec=FILE),
+        StorageMode("decoded", _encode_decoded, default_codec=PIXELS),
     )
 }
 #: The valid ``storage=`` values.
@@ -173,6 +274,18 @@ def storage_mode(name: str) -> StorageMode:
                           "lightning_lmdb; upgrade it.") from None
 
 
+def record_codec(codec: int) -> RecordCodec:
+    """The :class:`RecordCodec` numbered ``codec``.
+
+    Raises:
+        RecordError: No such codec (a database from a newer version of lightning_lmdb, or damaged).
+    """
+    if not 0 <= codec < len(RECORD_CODECS):
+        raise RecordError(f"Record codec {codec} is unknown to this lightning_lmdb (it knows 0 to {len(RECORD_CODECS) - 1}): "
+                          "the database was built by a newer version (upgrade) or is damaged (rebuild it).")
+    return RECORD_CODECS[codec]
+
+
 def encode_record(
     data: bytes,
     storage: str,
@@ -181,8 +294,8 @@ def encode_record(
     name: str = "<bytes>",
     resize: int | None = None,
     quality: int = DEFAULT_QUALITY,
-) -> bytes:
-    """Validate a source file's bytes (a full decode) and return the value stored for it.
+) -> tuple[int, bytes]:
+    """Validate a source file's bytes (a full decode) and return the record stored for it.
 
     Args:
         data: The file's bytes.
@@ -192,6 +305,9 @@ def encode_record(
         resize: Shrink images whose shorter side is larger than this (``None``: keep the size).
         quality: JPEG quality of re-encoded lossy sources (with ``resize``).
 
+    Returns:
+        ``(codec, value)``: the record codec's id (:data:`RECORD_CODECS`) and the value.
+
     Raises:
         ImageDecodeError: Not a decodable image, or over ``max_pixels``.
     """
@@ -200,15 +316,19 @@ def encode_record(
 
 
 def decode_record(
-    value: bytes | memoryview, storage: str, *, name: str = "<record>", decoder: str = "pil", decode_size: int | None = None
+    value: bytes | memoryview, codec: int, *, name: str = "<record>", decoder: str = "pil", decode_size: int | None = None
 ) -> Image.Image | torch.Tensor:
     """Turn a stored record value into an RGB image: a PIL image for ``decoder="pil"``, else a ``uint8`` ``3 x H x W`` tensor.
 
     Args:
         value: The record value as stored by the builder.
-        storage: The database's storage mode (:data:`STORAGE_MODES`).
+        codec: Its record codec's id (``meta.codecs[i]``).
         name: How to name the record in errors.
         decoder: ``"pil"``, ``"torchcodec"``, ``"opencv"`` or ``"auto"`` (see :mod:`lightning_lmdb.decoders`).
         decode_size: The shorter side the transform needs (reduced-size JPEG decoding; ignored for pixels).
+
+    Raises:
+        ImageDecodeError: A file record that does not decode.
+        RecordError: A pixel record that is damaged, or an unknown codec.
     """
-    return storage_mode(storage).decode(value, decoder, decode_size, name)
+    return record_codec(codec).decode(value, decoder, decode_size, name)

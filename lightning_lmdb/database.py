@@ -280,9 +280,10 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
         created=get("created", str),
         build_id=manifest.build_id,
         targets=np.concatenate([m.targets for m in metas]),
+        codecs=np.concatenate([m.codecs for m in metas]),
         shard=None,
     )
-    joined.targets.flags.writeable = False
+    joined.targets.flags.writeable = joined.codecs.flags.writeable = False
     if arrays:
         tables = [m.paths for m in metas]
         assert all(t is not None for t in tables)

@@ -240,9 +240,14 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
 
     # --- paths -----------------------------------------------------------------------------------
 
-    def database_path(self, split: str) -> Path:
-        """Where the database of ``split``'s folder lives (deterministic: every rank computes the same)."""
-        return self.cache_dir / database_name(given_folder(self.dirs, split), self.build_options)
+    def database_path(self, split: str, options: BuildOptions | None = None) -> Path:
+        """Where the database of ``split``'s folder lives (deterministic: every rank computes the same).
+
+        Args:
+            split: ``"train"``, ``"val"`` or ``"test"``.
+            options: Where it would live if built with these options instead of this module's.
+        """
+        return self.cache_dir / database_name(given_folder(self.dirs, split), options or self.build_options)
 
     def source_path(self, split: str) -> Path:
         """The folder of ``split`` as this module reads it."""

@@ -61,10 +61,10 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from lightning_lmdb import blockread, database, envs
+from lightning_lmdb import blockread, codec, database, envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred
-from lightning_lmdb.codec import ImageDecodeError, storage_mode
+from lightning_lmdb.codec import ImageDecodeError, RecordError
 from lightning_lmdb.decoders import decode
 from lightning_lmdb.decoding import DecodingChoice, check_decoding
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
@@ -230,7 +230,7 @@ class LMDBImageDataset(_ImageDataset):
         single = parts[0].path == self.path  # one file: its own id (older files have none in the metadata)
         self.build_id: str = parts[0].build_id if single else str(meta.build_id)
         self.storage: str = meta.storage
-        self._storage = storage_mode(meta.storage)
+        self._codecs: np.ndarray | None = meta.codecs  # each record's codec (codec.RECORD_CODECS), one byte a record
         self.format_version: int = meta.version
         self._targets: np.ndarray | None = meta.targets
         self._paths: fmt.PathTable | None = meta.paths  # version 1 carries them; version 2 reads them on demand
@@ -247,7 +247,7 @@ class LMDBImageDataset(_ImageDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_targets"] = state["_paths"] = None  # read back from the database in the receiving process
+        state["_targets"] = state["_paths"] = state["_codecs"] = None  # read back from the database in the receiving process
         return state
 
     @property
@@ -287,8 +287,15 @@ class LMDBImageDataset(_ImageDataset):
 
     def _all_targets(self) -> np.ndarray:
         if self._targets is None:
-            self._targets = self._read_meta().targets
+            meta = self._read_meta()
+            self._targets, self._codecs = meta.targets, meta.codecs
         return self._targets
+
+    def _all_codecs(self) -> np.ndarray:
+        if self._codecs is None:
+            meta = self._read_meta()
+            self._targets, self._codecs = meta.targets, meta.codecs
+        return self._codecs
 
     def _path_table(self) -> fmt.PathTable:
         if self._paths is None:
@@ -332,6 +339,7 @@ class LMDBImageDataset(_ImageDataset):
 
     def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
         part = bisect_right(self._starts, row) - 1
+        kind = codec.RECORD_CODECS[self._all_codecs()[row]]  # before the transaction: the first call reads the metadata
         opened = self._opened(part)
         expected = self._part_keys[part]
         try:
@@ -346,13 +354,15 @@ class LMDBImageDataset(_ImageDataset):
                     if marks is not None:  # the lookup returns the memory map: its page faults are the read
                         touch_pages(value)
                         marks.append(time.perf_counter())
-                    deferred = self._deferred(value) if self._storage.file_bytes else None
+                    deferred = self._deferred(value) if kind.file_bytes else None
                     if deferred is not None:
                         return deferred
                     try:
-                        return self._storage.decode(value, self.decoder, self.decode_size, "<record>")
+                        return kind.decode(value, self.decoder, self.decode_size, "<record>")
                     except ImageDecodeError as exc:
                         error = exc
+                    except RecordError as exc:  # a damaged pixel record (its zstd checksum, its length)
+                        raise fmt.DatabaseError(f"Record {row} of {self.path!r} is damaged ({exc}); rebuild the database.") from None
                 else:
                     error = None
         except lmdb.Error as exc:  # a damaged page (lmdb.CorruptedError, PageNotFoundError, ...)

@@ -27,7 +27,7 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from lightning_lmdb import database, envs, fsops, readers
+from lightning_lmdb import codec, database, envs, fsops, readers
 from lightning_lmdb import format as fmt
 from lightning_lmdb.errors import BuildError, DiskFullError, SourceError
 from lightning_lmdb.options import BuildOptions
@@ -304,10 +304,16 @@ class _Writer:
         records, checksum_db = dbs
         with env.begin() as txn:
             entries = txn.stat(records)["entries"]
-            checksums = b"".join(bytes(digest) for _, digest in txn.cursor(db=checksum_db))
-        if len(checksums) != entries * fmt.CHECKSUM_SIZE:
+            progress = b"".join(bytes(entry) for _, entry in txn.cursor(db=checksum_db))
+        storage = codec.storage_mode(self.options["storage"])
+        if len(progress) == entries * (fmt.CHECKSUM_SIZE + 1):  # digest + record codec
+            table = np.frombuffer(progress, dtype=np.uint8).reshape(entries, fmt.CHECKSUM_SIZE + 1)
+            checksums, codecs = table[:, :fmt.CHECKSUM_SIZE], table[:, fmt.CHECKSUM_SIZE].copy()
+        elif len(progress) == entries * fmt.CHECKSUM_SIZE:  # a build begun by an earlier version: one codec per storage
+            checksums = np.frombuffer(progress, dtype=np.uint8).reshape(entries, fmt.CHECKSUM_SIZE)
+            codecs = np.full(entries, storage.default_codec, dtype=np.uint8)
+        else:
             raise fmt.DatabaseError(f"{self.partial} holds checksums of the wrong size; delete it and build again.")
-        checksums = np.frombuffer(checksums, dtype=np.uint8).reshape(entries, fmt.CHECKSUM_SIZE)
         if not entries == len(kept):
             raise fmt.DatabaseError(f"{self.partial} holds {entries} records but {len(kept)} were expected; delete it and build again.")
         if not kept and self.shard is None:  # a shard may hold no record: build_shards refuses a build with none at all
@@ -325,12 +331,14 @@ class _Writer:
                 root=str(self.scan.root), num_files=len(self.scan.files) + len(self.scan.special),
                 bytes=self.scan.total_bytes, fingerprint=self.scan.fingerprint(),
             ),
-            options={**self.options, "on_error": self.on_error},
+            options={**self.options, "on_error": self.on_error,
+                     **({"zstd_level": codec.ZSTD_LEVEL} if storage.name == "auto" else {})},
             skipped=[fmt.Skipped(s["path"], s["reason"]) for s in skipped],
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             library_version=__version__,
             build_id=fmt.new_build_id(),
             targets=np.array([f.target for f in kept], dtype=np.int32),
+            codecs=codecs,
             paths=fmt.PathTable.from_strings(f.relpath for f in kept),
             checksums=checksums,
             shard=self.shard,

@@ -8,8 +8,9 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
 
 * Named sub-database ``records``: one record per image, keyed by its index in scan order as ten
   ASCII digits (``b"0000000042"``), written with ``append=True``. File names never touch a key. The
-  value is what :mod:`lightning_lmdb.codec` makes of the file for the database's ``storage``
-  (``encoded``: the file's bytes, untouched; ``decoded``: a pixel header and RGB pixels).
+  value is what :mod:`lightning_lmdb.codec` makes of the file for the database's ``storage``: the
+  file's bytes, untouched, a pixel header and RGB pixels, or a pixel header and a zstd frame of them;
+  ``meta/codecs`` says which.
 
 * Key ``meta`` of the main database: the **header**, small UTF-8 JSON (never pickle) whatever the
   number of records: ``format`` (``"lightning_lmdb"``), ``version`` (2), ``count``, ``storage``,
@@ -28,7 +29,10 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
   - ``meta/checksums``: 8 raw bytes per record, the ``blake2b-64`` digest of its value;
   - ``meta/paths``: the records' relative source paths, UTF-8 (undecodable bytes of a file name kept
     with ``surrogateescape``), concatenated;
-  - ``meta/path-offsets``: ``int64`` per record plus one: path ``i`` is ``paths[offsets[i]:offsets[i+1]]``.
+  - ``meta/path-offsets``: ``int64`` per record plus one: path ``i`` is ``paths[offsets[i]:offsets[i+1]]``;
+  - ``meta/codecs``: ``uint8`` per record, the id of its record codec (:data:`lightning_lmdb.codec.RECORD_CODECS`:
+    ``zstd pixels``, ``JPEG``, ``PNG``, ...). Databases written before it existed lack it (and its digest):
+    every record then has the codec its ``storage`` always wrote (``StorageMode.default_codec``).
 
 * Key ``build-id``: the build id again as ASCII, read by every process at open (and by datasets with
   each record) to notice a file replaced since a dataset was created, without parsing anything.
@@ -55,8 +59,8 @@ While building
 
 Key ``progress`` of the main database exists only while building: JSON with the number of source
 files consumed, a fingerprint of that prefix of the scan, the options and the files skipped so far.
-A rerun after a crash resumes from it. The named sub-database ``checksums`` (record key to hex digest,
-computed by the reader processes) also exists only while building.
+A rerun after a crash resumes from it. The named sub-database ``checksums`` (record key to its 8-byte
+digest and 1-byte record codec, computed by the reader processes) also exists only while building.
 
 Files beside the target ``X.lmdb`` while building: ``X.lmdb.partial`` (the database being built, renamed
 onto ``X.lmdb`` when complete), ``X.lmdb.partial-lock`` (LMDB's writer lock) and ``X.lmdb.build-lock``
@@ -79,7 +83,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from lightning_lmdb.codec import STORAGES
+from lightning_lmdb.codec import RECORD_CODECS, STORAGE_MODES
 from lightning_lmdb.errors import DatabaseError
 
 # Re-exported: callers find them here (they moved to keep this module to the format itself).
@@ -111,6 +115,7 @@ ARRAYS: dict[str, tuple[bytes, str, int, int]] = {
     "checksums": (b"meta/checksums", "u1", CHECKSUM_SIZE, 0),
     "paths": (b"meta/paths", "u1", 0, 0),  # a blob: its length is given by the offsets
     "path_offsets": (b"meta/path-offsets", "<i8", 1, 1),
+    "codecs": (b"meta/codecs", "u1", 1, 0),  # absent from databases written before it
 }
 
 
@@ -122,6 +127,11 @@ def record_key(index: int) -> bytes:
 def checksum(value: bytes | memoryview) -> bytes:
     """The digest stored per record (:data:`CHECKSUM_SIZE` raw bytes)."""
     return hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest()
+
+
+def progress_entry(value: bytes | memoryview, codec: int) -> bytes:
+    """A record's entry in the ``checksums`` sub-database while building: its digest, then its record codec's id (one byte)."""
+    return checksum(value) + bytes((codec,))
 
 
 def _digest(data: bytes | memoryview) -> bytes:
@@ -229,9 +239,10 @@ class ShardInfo:
 class Metadata:
     """The validated metadata of a finished database (see the module docstring for the layout).
 
-    Read it with :func:`read_meta` and by attribute. ``targets`` is always there (a read-only ``int32``
-    array); ``paths`` (a :class:`PathTable`) and ``checksums`` (``count x 8`` bytes) are ``None`` unless
-    asked for (``read_meta(..., arrays=True)``; version 1 databases always carry them).
+    Read it with :func:`read_meta` and by attribute. ``targets`` and ``codecs`` are always there (read-only
+    ``int32`` and ``uint8`` arrays; ``codecs`` of an older database is its storage's one codec); ``paths``
+    (a :class:`PathTable`) and ``checksums`` (``count x 8`` bytes) are ``None`` unless asked for
+    (``read_meta(..., arrays=True)``; version 1 databases always carry them).
     """
 
     version: int
@@ -247,6 +258,7 @@ class Metadata:
     library_version: str
     build_id: str | None
     targets: np.ndarray
+    codecs: np.ndarray
     paths: PathTable | None = None
     checksums: np.ndarray | None = None
     shard: ShardInfo | None = None
@@ -306,6 +318,7 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
         digests = get.dict_of("arrays", str)
         read = _ArrayReader(txn, path, count, digests)
         targets = read("targets")
+        codecs = read("codecs") if "codecs" in digests else None
         paths = checksums = None
         if arrays:
             offsets = read("path_offsets")
@@ -314,7 +327,7 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
                 raise DatabaseError(f"Path offsets of {str(path)!r} do not index its path blob: the database is damaged; rebuild it.")
             paths = PathTable(blob, offsets)
             checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
-        meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str))
+        meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs)
         if "shard" in obj:
             shard = JsonFields(get("shard", dict), path, "shard.")
             info = ShardInfo(*(shard(name, int) for name in ("index", "of", "start", "stop", "scan_files")),
@@ -336,13 +349,18 @@ def _check_version(obj: Any, path: str | os.PathLike[str]) -> int:
 
 
 def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths: PathTable | None, checksums: np.ndarray | None,
-          build_id: str | None) -> Metadata:
-    """The fields both versions share, validated."""
+          build_id: str | None, codecs: np.ndarray | None = None) -> Metadata:
+    """The fields both versions share, validated (``codecs``: ``None`` for a database without them)."""
     if count < 0:
         get.fail("count", f"is {count}")
     storage = get("storage", str)
-    if storage not in STORAGES:
-        get.fail("storage", f"is {storage!r}, not one of {STORAGES}")
+    if storage not in STORAGE_MODES:
+        get.fail("storage", f"is {storage!r}, not one of {tuple(STORAGE_MODES)} (a newer lightning_lmdb built it: upgrade)")
+    if codecs is None:
+        codecs = np.full(count, STORAGE_MODES[storage].default_codec, dtype=np.uint8)
+    elif len(codecs) and int(codecs.max()) >= len(RECORD_CODECS):
+        get.fail("codecs", f"holds record codec {int(codecs.max())}, unknown here (a newer lightning_lmdb built it: upgrade)")
+    codecs.flags.writeable = False
     source = JsonFields(get("source", dict), get.path, "source.")
     skipped = []
     for i, item in enumerate(get("skipped", list)):
@@ -363,6 +381,7 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
         library_version=get("library_version", str),
         build_id=build_id,
         targets=targets,
+        codecs=codecs,
         paths=paths,
         checksums=checksums,
     )
@@ -415,6 +434,7 @@ def write_meta(txn: lmdb.Transaction, meta: Metadata) -> None:
         "checksums": np.ascontiguousarray(meta.checksums, dtype=np.uint8).tobytes(),
         "paths": meta.paths.blob.tobytes(),
         "path_offsets": np.ascontiguousarray(meta.paths.offsets, dtype="<i8").tobytes(),
+        "codecs": np.ascontiguousarray(meta.codecs, dtype=np.uint8).tobytes(),
     }
     header = dump_json({**meta.header(), "arrays": {name: _digest(value).hex() for name, value in values.items()}})
     for name, value in values.items():

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.errors import OptionError
 
-Storage = Literal["encoded", "decoded"]
+Storage = Literal["auto", "encoded", "decoded"]
 OnError = Literal["raise", "skip"]
 OnStale = Literal["rebuild", "error", "ignore"]
 
@@ -38,8 +38,10 @@ class BuildOptions:
     """How to build a database.
 
     Attributes:
-        storage: ``"encoded"`` keeps each file's original bytes; ``"decoded"`` stores RGB pixels (no decode
-            at read time, a larger file).
+        storage: ``"auto"`` chooses per image: lossy files (JPEG, lossy WebP) and 16-bit PNGs keep their bytes,
+            every other image is stored as zstd-compressed RGB pixels (about the files' size, PIL's exact pixels,
+            read back many times faster than PNG); ``"encoded"`` keeps every file's original bytes;
+            ``"decoded"`` stores raw RGB pixels (no decode at read time, 4-8x larger). See :mod:`lightning_lmdb.codec`.
         workers: Reader/decoder processes; ``None`` for one per available core, ``0`` to read in-process.
         on_error: ``"raise"`` stops at the first bad file naming it; ``"skip"`` leaves bad files out and
             records them with the reason.
@@ -49,7 +51,7 @@ class BuildOptions:
         max_pixels: Refuse images with more pixels (decompression bombs); ``None`` for no limit.
         resize: Pre-resized storage: shrink every image whose shorter side is larger than this to exactly this
             (aspect kept, never upscaled, OpenCV ``INTER_AREA``), stored re-encoded (JPEG at ``quality`` for lossy
-            sources, PNG for lossless ones; ``storage="encoded"``) or as pixels (``"decoded"``). ``None``: keep
+            sources; zstd pixels for lossless ones with ``"auto"``, PNG with ``"encoded"``) or as pixels (``"decoded"``). ``None``: keep
             the original size. It changes the pixels a model sees (see :mod:`lightning_lmdb.codec`).
         quality: JPEG quality (1-100) of the images ``resize`` re-encodes.
         commit_every: Records per write transaction (the most work a crash can lose).
@@ -64,7 +66,7 @@ class BuildOptions:
         ValueError: A value out of range or not one of the choices (named, with the valid values).
     """
 
-    storage: Storage = "encoded"
+    storage: Storage = "auto"
     workers: int | None = None
     on_error: OnError = "raise"
     on_stale: OnStale = "rebuild"

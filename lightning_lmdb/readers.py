@@ -41,7 +41,8 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
     """Read, fully decode and checksum one file (runs in a pool worker).
 
     Returns:
-        ``(index, value, checksum)``, or ``(index, None, reason)`` for a bad file.
+        ``(index, value, entry)`` (``entry``: :func:`lightning_lmdb.format.progress_entry`, the digest and the
+        record codec), or ``(index, None, reason)`` for a bad file.
     """
     index, path, storage, max_pixels, resize, quality = task
     try:
@@ -54,10 +55,10 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
         if storage == "check":  # validation only (find_bad_files)
             encode_record(data, "encoded", max_pixels=max_pixels, name=path)
             return index, b"", b""
-        value = encode_record(data, storage, max_pixels=max_pixels, name=path, resize=resize, quality=quality)
+        codec, value = encode_record(data, storage, max_pixels=max_pixels, name=path, resize=resize, quality=quality)
     except ImageDecodeError as exc:
         return index, None, exc.reason
-    return index, value, fmt.checksum(value)
+    return index, value, fmt.progress_entry(value, codec)
 
 
 def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = None) -> list[fmt.Skipped]:

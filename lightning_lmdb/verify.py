@@ -14,7 +14,7 @@ import numpy as np
 
 from lightning_lmdb import database, envs
 from lightning_lmdb import format as fmt
-from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record, storage_mode
+from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record, record_codec
 
 
 @dataclass
@@ -62,6 +62,7 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
         **({"shards": len(database.database_files(path))} if database.is_sharded(path) else {}),
         "storage": meta.storage,
         "count": meta.count,
+        "codecs": codec_counts(meta.codecs),
         "num_classes": len(meta.classes),
         "classes": meta.classes,
         "file_bytes": size,
@@ -147,31 +148,38 @@ def verify_lmdb(
                     report.problems.append(f"record {index}{where} ({relpath}): checksum mismatch, the database is damaged")
                     continue
                 if relpath in files:
-                    problem = _compare_with_source(value, files[relpath].path, meta)
+                    problem = _compare_with_source(value, int(meta.codecs[index]), files[relpath].path, meta)
                     if problem:
                         report.problems.append(f"record {index}{where} ({relpath}): {problem}")
     return report
 
 
-def _compare_with_source(value: memoryview, file_path: str, meta: fmt.Metadata) -> str | None:
+def codec_counts(codecs: np.ndarray) -> dict[str, int]:
+    """How many records use each record codec, by its name (most used first)."""
+    ids, counts = np.unique(codecs, return_counts=True)
+    pairs = sorted(((record_codec(int(i)).name, int(n)) for i, n in zip(ids, counts, strict=True)), key=lambda pair: -pair[1])
+    return dict(pairs)
+
+
+def _compare_with_source(value: memoryview, codec: int, file_path: str, meta: fmt.Metadata) -> str | None:
     try:
         with open(file_path, "rb") as handle:
             data = handle.read()
     except OSError as exc:
         return f"cannot read the source file ({exc})"
     resize = meta.options.get("resize")
-    file_bytes = storage_mode(meta.storage).file_bytes
+    file_bytes = record_codec(codec).file_bytes
     if file_bytes and resize is None:
         return None if value == data else "differs from the source file (the file was modified after the build)"
     try:  # what the builder would store for the file now
-        expected = encode_record(data, meta.storage, max_pixels=None, name=file_path, resize=resize,
-                                 quality=meta.options.get("quality", DEFAULT_QUALITY))
+        again_codec, expected = encode_record(data, meta.storage, max_pixels=None, name=file_path, resize=resize,
+                                              quality=meta.options.get("quality", DEFAULT_QUALITY))
     except ImageDecodeError as exc:
         return f"the source file no longer decodes ({exc})"
     if value == expected:
         return None
     try:  # another build of the image libraries may re-encode to other bytes: compare the pixels
-        stored, again = (np.asarray(decode_record(v, meta.storage)) for v in (value, expected))
+        stored, again = (np.asarray(decode_record(v, c)) for v, c in ((value, codec), (expected, again_codec)))
     except (ImageDecodeError, RecordError) as exc:
         return str(exc)
     if stored.shape == again.shape:
