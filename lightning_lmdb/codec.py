@@ -34,8 +34,8 @@ filters are what compresses), when the filtered PNG is kept. All are lossless: t
 Record layouts: ``pixels`` -- a 12-byte header (``<III``: height, width, channels) and the
 ``uint8`` pixels, row-major ``H x W x C``; ``zstd pixels`` -- the same header, then one zstd frame of
 the pixels (:mod:`lightning_lmdb.zstd`: content size and content checksum on) at level
-:data:`ZSTD_LEVEL`, with ``C = 1`` when the image is grey (all three channels equal: grey, grey +
-alpha, 1-bit, grey palettes), replicated to RGB when read. The file codecs (``JPEG``, ``PNG``,
+:data:`ZSTD_LEVEL`, with ``C = 1`` when the image is grey (a grey or grey + alpha PNG, 1-bit included, as its
+header says; a BMP, GIF, TIFF, ... whose three channels come out equal), replicated to RGB when read. The file codecs (``JPEG``, ``PNG``,
 ``WebP``, ``image file``) are image files' bytes, decoded by :mod:`lightning_lmdb.decoders`.
 
 **Adding a storage mode** is one :class:`StorageMode` entry in :data:`STORAGE_MODES` (and its name in
@@ -58,7 +58,7 @@ from PIL import Image
 from lightning_lmdb import zstd
 from lightning_lmdb.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor
 from lightning_lmdb.errors import RecordError
-from lightning_lmdb.imageinfo import read_info
+from lightning_lmdb.imageinfo import ImageInfo, read_info
 
 if TYPE_CHECKING:  # torch is imported where a tensor is made (decoders.hwc_to_tensor): info and verify do without it
     import torch
@@ -103,12 +103,20 @@ def _header(value: bytes | memoryview, kind: str) -> tuple[int, int, int]:
     return _PIXEL_HEADER.unpack_from(value)
 
 
-def encode_zstd_pixels(pixels: np.ndarray, level: int = ZSTD_LEVEL) -> bytes:
-    """Serialise ``H x W x 3`` ``uint8`` RGB pixels as a ``zstd pixels`` record value (one channel when grey)."""
+def encode_zstd_pixels(pixels: np.ndarray, level: int = ZSTD_LEVEL, *, grey: bool | None = None) -> bytes:
+    """Serialise ``H x W x 3`` ``uint8`` RGB pixels as a ``zstd pixels`` record value (one channel when grey).
+
+    Args:
+        pixels: The RGB pixels.
+        level: The zstd level.
+        grey: Whether the three channels are equal, when the caller knows (a grey PNG); ``None``: compare them.
+    """
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
         raise ValueError(f"Expected an H x W x 3 uint8 array, got shape {pixels.shape} dtype {pixels.dtype}.")
-    red, green, blue = pixels[..., 0], pixels[..., 1], pixels[..., 2]
-    if np.array_equal(red, green) and np.array_equal(green, blue):
+    if grey is None:
+        red, green, blue = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+        grey = np.array_equal(red, green) and np.array_equal(green, blue)
+    if grey:
         pixels = pixels[..., :1]
     height, width, channels = pixels.shape
     return _PIXEL_HEADER.pack(height, width, channels) + zstd.compress(np.ascontiguousarray(pixels).data, level)
@@ -190,7 +198,19 @@ def _encode_auto(data: bytes, image: Image.Image, resize: int | None, quality: i
     if info.lossy or (small and info.format == "png" and info.bit_depth > 8):
         return _encode_file(data, image, resize, quality)
     pixels = np.asarray(image)
-    return ZSTD_PIXELS, encode_zstd_pixels(pixels if small else resize_pixels(pixels, resize))
+    return ZSTD_PIXELS, encode_zstd_pixels(pixels if small else resize_pixels(pixels, resize), grey=_grey(info))
+
+
+def _grey(info: ImageInfo) -> bool | None:
+    """Whether an image's RGB pixels are grey, known from its header where that is cheap (PNG, WebP); else ``None``.
+
+    A PNG of colour type 0 or 4 (grey, grey + alpha) is grey; any other PNG, and every WebP, is taken as colour
+    (a colour file of grey content then stays three channels: correct, a little larger). Other formats (BMP,
+    GIF, TIFF, ...) have their channels compared.
+    """
+    if info.format == "png":
+        return info.channels in (1, 2) and not info.palette
+    return False if info.format == "webp" else None
 
 
 def _decode_file(value: bytes | memoryview, decoder: str, decode_size: int | None, name: str) -> Image.Image | torch.Tensor:

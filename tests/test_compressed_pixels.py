@@ -74,13 +74,19 @@ def test_lossy_and_16_bit_sources_keep_their_bytes_and_decode_as_today() -> None
 def test_grey_images_are_stored_as_one_channel() -> None:
     rng = np.random.default_rng(5)
     grey = make_image("L", (64, 48), rng)
-    as_rgb = encode(grey.convert("RGB"), "PNG")  # grey content in an RGB file: also one channel
-
-    for data in (encode(grey, "PNG"), as_rgb):
+    channels = {
+        "grey PNG": (encode(grey, "PNG"), 1),
+        "grey + alpha PNG": (encode(grey.convert("LA"), "PNG"), 1),
+        "1-bit PNG": (encode(grey.convert("1"), "PNG"), 1),
+        "grey BMP": (encode(grey, "BMP"), 1),  # no header to ask: the channels are compared
+        "colour PNG": (encode(make_image("RGB", (64, 48), rng), "PNG"), 3),
+        "colour BMP": (encode(make_image("RGB", (64, 48), rng), "BMP"), 3),
+        "RGB PNG of grey content": (encode(grey.convert("RGB"), "PNG"), 3),  # its header says colour: kept as three
+    }
+    for name, (data, expected) in channels.items():
         _, value = encode_record(data, "auto")
-        assert codec._PIXEL_HEADER.unpack_from(value) == (48, 64, 1)
-    colour = encode(make_image("RGB", (64, 48), rng), "PNG")
-    assert codec._PIXEL_HEADER.unpack_from(encode_record(colour, "auto")[1]) == (48, 64, 3)
+        assert codec._PIXEL_HEADER.unpack_from(value) == (48, 64, expected), name
+        assert np.array_equal(codec.decode_zstd_pixels(value), np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))), name
 
 
 def test_resized_lossless_images_are_zstd_pixels_and_lossy_ones_jpegs() -> None:
