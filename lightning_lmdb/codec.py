@@ -260,19 +260,20 @@ class StorageMode:
     Attributes:
         name: The ``storage=`` value.
         encode: ``(file bytes, the file decoded to RGB by PIL, resize, quality) -> (record codec id, value)``.
-        default_codec: The codec of every record of a database written before ``meta/codecs`` existed.
+        default_codec: The codec of every record of a database written before ``meta/codecs`` existed; ``None``
+            for a mode that came with it (its databases always say each record's codec).
     """
 
     name: str
     encode: Callable[[bytes, Image.Image, int | None, int], tuple[int, bytes]]
-    default_codec: int
+    default_codec: int | None
 
 
 #: Every storage mode, by name (the first is the default).
 STORAGE_MODES: dict[str, StorageMode] = {
     mode.name: mode
     for mode in (
-        StorageMode("auto", _encode_auto, default_codec=ZSTD_PIXELS),
+        StorageMode("auto", _encode_auto, default_codec=None),
         StorageMode("encoded", _encode_file, default_codec=FILE),
         StorageMode("decoded", _encode_decoded, default_codec=PIXELS),
     )

@@ -309,7 +309,7 @@ class _Writer:
         if len(progress) == entries * (fmt.CHECKSUM_SIZE + 1):  # digest + record codec
             table = np.frombuffer(progress, dtype=np.uint8).reshape(entries, fmt.CHECKSUM_SIZE + 1)
             checksums, codecs = table[:, :fmt.CHECKSUM_SIZE], table[:, fmt.CHECKSUM_SIZE].copy()
-        elif len(progress) == entries * fmt.CHECKSUM_SIZE:  # a build begun by an earlier version: one codec per storage
+        elif len(progress) == entries * fmt.CHECKSUM_SIZE and storage.default_codec is not None:  # begun by an earlier version
             checksums = np.frombuffer(progress, dtype=np.uint8).reshape(entries, fmt.CHECKSUM_SIZE)
             codecs = np.full(entries, storage.default_codec, dtype=np.uint8)
         else:

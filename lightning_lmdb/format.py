@@ -83,7 +83,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from lightning_lmdb.codec import RECORD_CODECS, STORAGE_MODES
+from lightning_lmdb import codec as _codec
 from lightning_lmdb.errors import DatabaseError
 
 # Re-exported: callers find them here (they moved to keep this module to the format itself).
@@ -354,11 +354,14 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
     if count < 0:
         get.fail("count", f"is {count}")
     storage = get("storage", str)
-    if storage not in STORAGE_MODES:
-        get.fail("storage", f"is {storage!r}, not one of {tuple(STORAGE_MODES)} (a newer lightning_lmdb built it: upgrade)")
+    if storage not in _codec.STORAGE_MODES:
+        get.fail("storage", f"is {storage!r}, not one of {tuple(_codec.STORAGE_MODES)} (a newer lightning_lmdb built it: upgrade)")
     if codecs is None:
-        codecs = np.full(count, STORAGE_MODES[storage].default_codec, dtype=np.uint8)
-    elif len(codecs) and int(codecs.max()) >= len(RECORD_CODECS):
+        default = _codec.STORAGE_MODES[storage].default_codec
+        if default is None:
+            get.fail("arrays", f"lacks the codecs array that storage {storage!r} always writes")
+        codecs = np.full(count, default, dtype=np.uint8)
+    elif len(codecs) and int(codecs.max()) >= len(_codec.RECORD_CODECS):
         get.fail("codecs", f"holds record codec {int(codecs.max())}, unknown here (a newer lightning_lmdb built it: upgrade)")
     codecs.flags.writeable = False
     source = JsonFields(get("source", dict), get.path, "source.")

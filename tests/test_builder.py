@@ -45,7 +45,7 @@ def test_flat_folder_has_no_labels(tmp_path: Path) -> None:
 
 
 def test_encoded_records_are_the_source_bytes(image_folder: Path, tmp_path: Path) -> None:
-    target = build_lmdb(image_folder, tmp_path / "out.lmdb", workers=2, progress=False)
+    target = build_lmdb(image_folder, tmp_path / "out.lmdb", storage="encoded", workers=2, progress=False)
     meta, values = read_records(target)
     reference = ImageFolder(image_folder)
     assert meta["count"] == len(values) == len(reference)

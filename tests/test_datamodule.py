@@ -340,7 +340,7 @@ def test_raw_backend_serves_exactly_the_samples_of_a_skip_build(tmp_path: Path, 
     ("override", "message"),
     [
         ("data.backend=lmbd", "backend='lmbd' is not one of 'lmdb', 'raw'"),
-        ("data.storage=jpg", "storage='jpg' is not one of 'encoded', 'decoded'"),
+        ("data.storage=jpg", "storage='jpg' is not one of 'auto', 'encoded', 'decoded'"),
         ("data.on_error=ignore", "on_error='ignore' is not one of 'raise', 'skip'"),
         ("data.on_stale=never", "on_stale='never' is not one of 'rebuild', 'error', 'ignore'"),
         ("data.multiprocessing_context=threads", "multiprocessing_context='threads' is not one of 'fork', 'spawn', 'forkserver', None"),

@@ -81,7 +81,8 @@ def test_v1_databases_are_still_read_and_rebuilt_in_v2(
     folder_and_db: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     source, db = folder_and_db
-    v1 = downgrade_to_v1(Path(shutil.copyfile(db, tmp_path / "v1.lmdb")))
+    encoded = build(source, tmp_path / "encoded.lmdb", storage="encoded", workers=0, progress=False).path  # what 0.1 stored
+    v1 = downgrade_to_v1(Path(shutil.copyfile(encoded, tmp_path / "v1.lmdb")))
     new, old = LMDBImageDataset(db), LMDBImageDataset(v1)
     assert old.format_version == 1 and new.format_version == 2
     assert old.build_id.startswith("meta:"), "a v1 file has no build id: its identity is a digest of its metadata"
@@ -95,10 +96,10 @@ def test_v1_databases_are_still_read_and_rebuilt_in_v2(
     assert build(source, v1, on_stale="ignore", workers=0, progress=False).action == "up-to-date"
     assert database.load_meta(v1).version == 1
     with caplog.at_level(logging.INFO, logger="lightning_lmdb.writer"):
-        report = build(source, v1, workers=0, progress=False)
+        report = build(source, v1, storage="encoded", workers=0, progress=False)
     assert report.action == "built" and "format version 1" in caplog.text
     assert database.load_meta(v1).version == 2
-    assert read_records(v1)[1] == read_records(db)[1]
+    assert read_records(v1)[1] == read_records(encoded)[1]
 
 
 def test_views_and_splits_pickle_as_a_recipe_not_a_row_list(tmp_path: Path) -> None:
@@ -124,7 +125,7 @@ def test_views_and_splits_pickle_as_a_recipe_not_a_row_list(tmp_path: Path) -> N
 
 
 def test_build_options_validate_once_everywhere(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"storage='jpg' is not one of 'encoded', 'decoded'"):
+    with pytest.raises(ValueError, match=r"storage='jpg' is not one of 'auto', 'encoded', 'decoded'"):
         BuildOptions(storage="jpg")
     with pytest.raises(ValueError, match="on_error='ignore' is not one of 'raise', 'skip'"):
         LMDBDataModule(make_jpegs(tmp_path / "src", 4, size=8), on_error="ignore", cache_dir=tmp_path / "c")
@@ -132,7 +133,7 @@ def test_build_options_validate_once_everywhere(tmp_path: Path) -> None:
         build(tmp_path / "src", tmp_path / "x.lmdb", commit_every=0)
     with pytest.raises(ValueError, match="workers=-1"):
         BuildOptions(workers=-1)
-    assert BuildOptions().content() == {"storage": "encoded", "max_pixels": 89_478_485}
+    assert BuildOptions().content() == {"storage": "auto", "max_pixels": 89_478_485}
     from lightning_lmdb.cli import make_parser
 
     build_parser = make_parser()._subparsers._group_actions[0].choices["build"]  # type: ignore[union-attr]

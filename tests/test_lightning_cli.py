@@ -55,7 +55,7 @@ def test_print_config_lists_the_datamodule_arguments(tmp_path: Path, source: Pat
     assert data["train_dir"] == str(source) and data["backend"] == "raw"
     assert {"val_dir", "val_fraction", "cache_dir", "storage", "on_error", "on_stale", "batch_size", "num_workers",
             "multiprocessing_context"} <= set(data)
-    assert data["val_fraction"] is None and data["storage"] == "encoded"
+    assert data["val_fraction"] is None and data["storage"] == "auto"
 
 
 def test_a_yaml_config_instantiates_the_datamodule(tmp_path: Path, source: Path) -> None:

@@ -16,6 +16,7 @@ import torch
 from imagegen import SleepyTransform, make_jpegs
 from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 
+from lightning_lmdb import codec
 from lightning_lmdb import dataset as dataset_module
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
 from lightning_lmdb.experiment.callbacks import PerfMonitor, cpu_ticks, loader_stats_of, usable_cpus
@@ -107,7 +108,7 @@ def test_noop_model_leaves_the_cpu_to_the_loader_while_it_trains() -> None:
 
 STAGE_SLEEP_S, STAGE_SAMPLES = 0.05, 5
 #: Where each stage's known delay goes: (module attribute of lightning_lmdb.dataset for LMDB, for raw files); None: the
-#: LMDB dataset's storage mode's decode.
+#: LMDB dataset's record codecs' decode.
 STAGE_CALLS = {"read": ("touch_pages", "read_file"), "decode": (None, "decode")}
 
 
@@ -128,7 +129,8 @@ def test_each_stage_books_its_own_time(data, monkeypatch: pytest.MonkeyPatch, ki
     if stage in STAGE_CALLS:
         name = STAGE_CALLS[stage][kind == "raw"]
         if name is None:
-            monkeypatch.setattr(dataset, "_storage", dataclasses.replace(dataset._storage, decode=_slowed(dataset._storage.decode)))
+            slowed = tuple(dataclasses.replace(kind, decode=_slowed(kind.decode)) for kind in codec.RECORD_CODECS)
+            monkeypatch.setattr(codec, "RECORD_CODECS", slowed)
         else:
             monkeypatch.setattr(dataset_module, name, _slowed(getattr(dataset_module, name)))
     stats = dataset.enable_loader_stats()

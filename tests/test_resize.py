@@ -20,13 +20,13 @@ def test_resize_shrinks_the_shorter_side_keeps_aspect_and_never_upscales() -> No
     rng = np.random.default_rng(0)
     big = encode(photo(rng, 300, 200), "JPEG", quality=90)
     small = encode(photo(rng, 60, 50), "JPEG", quality=90)
-    value = encode_record(big, "encoded", resize=80)
+    value = encode_record(big, "encoded", resize=80)[1]
     assert read_info(value).format == "jpeg", "a lossy source is re-encoded as JPEG"
     assert decode_pil(value).size == (120, 80)
-    assert encode_record(small, "encoded", resize=80) == small, "an image already that small is stored as it is"
-    assert decode_pixels(encode_record(big, "decoded", resize=80)).shape == (80, 120, 3)
+    assert encode_record(small, "encoded", resize=80)[1] == small, "an image already that small is stored as it is"
+    assert decode_pixels(encode_record(big, "decoded", resize=80)[1]).shape == (80, 120, 3)
     rgba = encode(make_image("RGBA", (90, 160), rng), "PNG")
-    lossless = encode_record(rgba, "encoded", resize=45)
+    lossless = encode_record(rgba, "encoded", resize=45)[1]
     assert read_info(lossless).format == "png" and decode_pil(lossless).size == (45, 80), "lossless sources stay lossless"
     expected = np.asarray(decode_pil(rgba).resize((45, 80), Image.BOX))
     assert np.abs(np.asarray(decode_pil(lossless)).astype(int) - expected).mean() < 3, "INTER_AREA, close to a box filter"
@@ -37,7 +37,7 @@ def test_bad_resize_options_are_refused_naming_them() -> None:
         BuildOptions(resize=0)
     with pytest.raises(ValueError, match="quality=101 must be an integer from 1 to 100"):
         BuildOptions(quality=101)
-    assert BuildOptions().content() == {"storage": "encoded", "max_pixels": BuildOptions().max_pixels}, "unchanged without resize"
+    assert BuildOptions().content() == {"storage": "auto", "max_pixels": BuildOptions().max_pixels}, "unchanged without resize"
     assert BuildOptions(resize=80).content()["quality"] == 90
 
 
@@ -67,11 +67,11 @@ def test_a_resize_build_records_it_and_a_change_of_it_rebuilds(tmp_path: Path) -
 
 def test_verify_reapplies_the_resize_and_catches_a_modified_file(tmp_path: Path) -> None:
     source = _photos(tmp_path / "src")
-    for storage in ("encoded", "decoded"):
+    for storage in ("auto", "encoded", "decoded"):
         target = build_lmdb(source, tmp_path / f"{storage}.lmdb", storage=storage, resize=64, workers=0, progress=False)
         assert verify_lmdb(target, source).ok, storage
     photo(np.random.default_rng(9), 170, 120).save(source / "c1" / "p1.jpg", quality=90)
-    for storage in ("encoded", "decoded"):
+    for storage in ("auto", "encoded", "decoded"):
         report = verify_lmdb(tmp_path / f"{storage}.lmdb", source)
         assert not report.ok and any("p1.jpg" in p and "resized to 64" in p for p in report.problems), report.problems
 
@@ -135,11 +135,11 @@ def test_resized_lossless_images_are_stored_unfiltered_unless_filters_shrink_the
     smooth = photo(rng, 240, 160)  # photo-like: per-row filters are what compresses it
     for image, filters in ((flat, {0}), (smooth, None)):
         source = encode(image, "PNG")
-        value = encode_record(source, "encoded", resize=80)
+        value = encode_record(source, "encoded", resize=80)[1]
         stored = _png_row_filters(value)
         if filters is None:
             assert stored != {0}, "photo-like content keeps the filtered, much smaller PNG"
         else:
             assert stored == filters, "flat content is stored without per-row filters (it decodes faster)"
-        resized = decode_pixels(encode_record(source, "decoded", resize=80))
+        resized = decode_pixels(encode_record(source, "decoded", resize=80)[1])
         assert np.array_equal(np.asarray(decode_pil(value)), resized), "lossless either way: the resized pixels exactly"

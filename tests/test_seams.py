@@ -13,7 +13,6 @@ from imagegen import read_records
 from PIL import Image
 
 from lightning_lmdb import codec, options, sources
-from lightning_lmdb import format as fmt
 from lightning_lmdb.datamodule import LMDBDataModule
 from lightning_lmdb.dataset import LMDBImageDataset
 from lightning_lmdb.transforms import eval_transform
@@ -62,7 +61,7 @@ def test_a_source_kind_is_one_module(list_kind: str, tmp_path: Path) -> None:
     listing = images / "train.list"
     listing.write_text("2.png 1\n0.png 0\n1.png 1\n")
 
-    target = build_lmdb(listing, tmp_path / "out.lmdb", workers=0, progress=False)
+    target = build_lmdb(listing, tmp_path / "out.lmdb", storage="encoded", workers=0, progress=False)
 
     meta, values = read_records(target)
     assert meta["paths"] == ["2.png", "0.png", "1.png"] and meta["targets"] == [1, 0, 1]
@@ -86,17 +85,20 @@ def test_an_unknown_source_is_refused_naming_it(tmp_path: Path) -> None:
 
 
 def test_a_storage_mode_is_one_registry_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zlib-compressed pixel mode: one StorageMode, and one RecordCodec for its new record layout."""
+    zlib_codec = len(codec.RECORD_CODECS)
+    pixels = codec.RECORD_CODECS[codec.PIXELS]
+    record = codec.RecordCodec(zlib_codec, "zlib pixels", file_bytes=False,
+                               decode=lambda value, decoder, size, name: pixels.decode(zlib.decompress(value), decoder, size, name))
     decoded = codec.STORAGE_MODES["decoded"]
-    zlib_pixels = codec.StorageMode(
-        "zlib",
-        encode=lambda data, image, resize, quality: zlib.compress(decoded.encode(data, image, resize, quality)),
-        decode=lambda value, decoder, size, name: decoded.decode(zlib.decompress(value), decoder, size, name),
-        file_bytes=False,
-    )
-    monkeypatch.setitem(codec.STORAGE_MODES, "zlib", zlib_pixels)
+
+    def encode(data: bytes, image: Image.Image, resize: int | None, quality: int) -> tuple[int, bytes]:
+        return zlib_codec, zlib.compress(decoded.encode(data, image, resize, quality)[1])
+
+    monkeypatch.setattr(codec, "RECORD_CODECS", (*codec.RECORD_CODECS, record))
+    monkeypatch.setitem(codec.STORAGE_MODES, "zlib", codec.StorageMode("zlib", encode, default_codec=None))
     # What writing the entry into STORAGE_MODES's literal does at import: the valid values follow the registry.
     monkeypatch.setattr(codec, "STORAGES", tuple(codec.STORAGE_MODES))
-    monkeypatch.setattr(fmt, "STORAGES", codec.STORAGES)
     monkeypatch.setitem(options.CHOICES, "storage", codec.STORAGES)
     source = tmp_path / "src"
     (source / "cat").mkdir(parents=True)
