@@ -2,13 +2,14 @@
 
 Usage:
     pip install -e ".[bench]"
-    python benchmarks/peers.py                       # 10,000 ImageNet-like JPEGs and 5,000 mixed-mode PNGs
-    python benchmarks/peers.py --photos 2000 --pngs 1000 --rounds 1  # a quick look
-    python benchmarks/peers.py --photos 0 --pngs 5000 --rounds 3 --latency-ms 0 0.5 2   # on emulated network storage
+    python benchmarks/peers.py          # 10,000 ImageNet-like JPEGs, 5,000 mixed-mode PNGs, 5,000 small PNG icons
+    python benchmarks/peers.py --photos 2000 --pngs 1000 --icons 1000 --rounds 1  # a quick look
+    python benchmarks/peers.py --photos 0 --pngs 5000 --icons 0 --rounds 3 --latency-ms 0 0.5 2   # on emulated network storage
 
-No photo corpus can be downloaded here, so both folders are generated (``benchmarks/common.py``): 256-500 px
-photo-like JPEGs of 30-110 KB, and 48-256 px icon-like PNGs in RGBA, RGB, grey, grey + alpha, palette
-and palette-with-transparency modes. Every loader produces the same tensors: RGB, the shorter side
+No photo corpus can be downloaded here, so the three folders are generated (``benchmarks/common.py``): 256-500 px
+photo-like JPEGs of 30-110 KB; 48-256 px icon-like PNGs (shapes, gradients, mild noise); and small flat
+icons, 16-256 px (most 24-64), PNGs of about 2 KB (median) -- the last two in RGBA, RGB, grey, grey + alpha,
+palette and palette-with-transparency modes. Every loader produces the same tensors: RGB, the shorter side
 resized to 73 and the centre 64 x 64 kept (ImageNet's evaluation geometry at 64 px), ``float32`` in the
 training process; 2 DataLoader workers, batches of 256 (ImageNet's; ``--batch-size``), shuffled, one
 intra-op thread in the training process (otherwise its idle OpenMP threads spin on the cores the
@@ -18,10 +19,24 @@ workers need).
 * ``LitData``: ``optimize`` (each file's bytes, ``litdata.Image``) + ``StreamingDataset`` /
   ``StreamingDataLoader``; its decoder (``torchvision.io``) gives a tensor; v2 resize and crop.
 * ``WebDataset``: 100 MB tar shards, a 1,000-sample shuffle buffer, PIL decode (``pilrgb``), the PIL transforms.
-* ``lightning_lmdb``: ``LMDBImageDataset`` with each decoder, without and with ``decode_size`` (73: what the
-  DataModule's ``decode_size="auto"`` gives its evaluation transform), ``storage="decoded"``, a ``resize=80``
-  build, and ``RawImageDataset`` (the same decoder on the files). Workers send ``uint8``; the training
-  process finishes (float, normalise), as ``LMDBDataModule.on_after_batch_transfer`` does on a GPU.
+* ``lightning_lmdb``: ``LMDBImageDataset`` on one database per storage mode (each row names the one it reads):
+
+  - **the default** (``lmdb auto, decode_size (default)``): ``storage="auto"`` (lossy files kept as they are,
+    every other image stored as zstd-compressed RGB pixels), the ``auto`` decoder, ``decode_size`` 73 (what the
+    DataModule's ``decode_size="auto"`` gives its evaluation transform);
+  - ``lmdb encoded storage, DECODER[, decode_size]``: ``storage="encoded"`` (every record the file's bytes, the
+    default before ``auto``) read with each decoder, without and with ``decode_size``: the decoders compared
+    on the same file bytes;
+  - ``lmdb decoded storage`` (raw pixels), and ``resize=80`` builds with ``auto`` and ``decoded`` storage;
+  - ``raw files, auto, decode_size``: ``RawImageDataset`` (the default decoder on the files themselves).
+
+  Workers send ``uint8``; the training process finishes (float, normalise), as
+  ``LMDBDataModule.on_after_batch_transfer`` does on a GPU.
+
+Each table row also gives the store's build time and its size twice: ``size MB``, its apparent bytes (the
+files' sizes), and ``on disk MB``, the disk blocks allocated to them (``st_blocks``: a small file's last block
+is mostly empty, so a folder of 2 KB icons takes far more disk than its bytes); a folder's heading gives
+the default database's apparent bytes over the files'.
 
 Each loader runs in a fresh process: a **cold** pass (its files evicted from the page cache first, the
 eviction checked with ``mincore``; it includes starting the workers, whose decoders are imported and
@@ -31,10 +46,14 @@ to the last batch. ``--rounds`` repeats every loader and every
 ceiling in rotated order and reports the medians (this machine is shared and noisy: single runs vary
 by 10-20 %). ``memory`` is the private anonymous memory (``Pss_Anon``) of the training process
 and its workers after each warm pass (the largest) -- not RSS, which counts the shared, reclaimable page cache
-of a memory-mapped database. The **decode-only ceiling** of a decoder is 2 processes decoding and
-transforming record bytes already in memory: what the loader would reach with no loader at all.
+of a memory-mapped database. The **decode-only ceiling** of a decoder is 2 processes decoding (each record by its codec) and
+transforming record bytes already in memory: what the loader would reach with no loader at all; it is
+measured for ImageFolder, each decoder on the ``encoded`` database, and the default.
 
-It writes ``peers.md`` (the tables) and ``peers.png`` (the chart) into ``--out``, and prints the tables.
+It writes ``peers.md`` (the tables), ``peers.png`` (the chart) and ``peers.json`` (every measurement; ``--report-from``
+writes the tables and chart again from it) into ``--out``, and prints the tables. Below each folder's tables: how far
+the final tensors of reduced-size decoding and of the ``resize=80`` (``auto``) database are from a full decode of
+the files.
 
 ``--latency-ms`` instead runs ImageFolder, LitData, lightning_lmdb's default path and the raw files through
 a latency mount (:mod:`lightning_lmdb.netfs`) of each value: every store is read through a fresh mount of its
@@ -62,35 +81,37 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
-from common import folder_bytes, make_photo_folder, make_png_folder  # noqa: E402
+from common import folder_bytes, make_icon_folder, make_photo_folder, make_png_folder, median_file_bytes  # noqa: E402
 
 HERE = Path(__file__).resolve()
 SIZE, SIDE = 64, 73  # output side; the shorter side before the centre crop (round(64 * 256 / 224))
-#: (label, kind, options) of every loader, in table order.
+DEFAULT = ("**lmdb auto, decode_size (default)**", "lmdb", {"storage": "auto", "decoder": "auto", "decode_size": SIDE})
+#: (label, kind, options) of every loader, in table order. An ``lmdb`` row reads the database built with its ``storage``
+#: (and ``resize``) option: :func:`_store_of` names it, :func:`build_stores` builds every one the rows name.
 LOADERS: list[tuple[str, str, dict[str, Any]]] = [
     ("ImageFolder (PIL)", "imagefolder", {}),
     ("LitData (torchvision.io)", "litdata", {}),
     ("WebDataset (PIL)", "wds", {}),
-    ("lmdb pil", "lmdb", {"decoder": "pil"}),
-    ("lmdb pil, decode_size", "lmdb", {"decoder": "pil", "decode_size": SIDE}),
-    ("lmdb torchcodec", "lmdb", {"decoder": "torchcodec"}),
-    ("lmdb opencv", "lmdb", {"decoder": "opencv"}),
-    ("lmdb opencv, decode_size", "lmdb", {"decoder": "opencv", "decode_size": SIDE}),
-    ("lmdb auto", "lmdb", {"decoder": "auto"}),
-    ("**lmdb auto, decode_size (default)**", "lmdb", {"decoder": "auto", "decode_size": SIDE}),
-    ("lmdb decoded storage", "lmdb", {"decoder": "auto", "storage": "decoded"}),
-    ("lmdb resize=80 storage", "lmdb", {"decoder": "auto", "decode_size": SIDE, "resize": 80}),
-    ("lmdb resize=80 decoded storage", "lmdb", {"decoder": "auto", "resize": 80, "storage": "decoded"}),
+    *((f"lmdb encoded storage, {decoder}{', decode_size' if size else ''}", "lmdb",
+       {"storage": "encoded", "decoder": decoder, **({"decode_size": size} if size else {})})
+      for decoder, size in (("pil", None), ("pil", SIDE), ("torchcodec", None), ("opencv", None), ("opencv", SIDE), ("auto", None),
+                            ("auto", SIDE))),
+    DEFAULT,
+    ("lmdb decoded storage", "lmdb", {"storage": "decoded", "decoder": "auto"}),
+    ("lmdb resize=80 auto storage", "lmdb", {"storage": "auto", "decoder": "auto", "decode_size": SIDE, "resize": 80}),
+    ("lmdb resize=80 decoded storage", "lmdb", {"storage": "decoded", "decoder": "auto", "resize": 80}),
     ("raw files, auto, decode_size", "raw", {"decoder": "auto", "decode_size": SIDE}),
 ]
 #: The rows of the network-storage table (``--latency-ms``): the peers' default paths, LitData's local cache, ours, the files.
 NETFS_LOADERS: list[tuple[str, str, dict[str, Any]]] = [
     ("ImageFolder (PIL)", "imagefolder", {}),
     ("LitData (torchvision.io)", "litdata", {}),
-    ("**lmdb auto, decode_size (default)**", "lmdb", {"decoder": "auto", "decode_size": SIDE}),
+    DEFAULT,
     ("raw files, auto, decode_size", "raw", {"decoder": "auto", "decode_size": SIDE}),
 ]
-CEILINGS = [("pil", None), ("pil", SIDE), ("torchcodec", None), ("opencv", None), ("opencv", SIDE), ("auto", None), ("auto", SIDE)]
+#: The lmdb rows with a decode-only ceiling, by (storage, decoder, decode_size): each decoder on the files' bytes, and the default.
+CEILINGS = [("encoded", decoder, size) for decoder, size in (("pil", None), ("pil", SIDE), ("torchcodec", None), ("opencv", None),
+                                                             ("opencv", SIDE), ("auto", None), ("auto", SIDE))] + [("auto", "auto", SIDE)]
 
 
 # --- the stores ---------------------------------------------------------------------------------------
@@ -104,8 +125,25 @@ def _peer_available(name: str) -> bool:
         return False
 
 
+def _lmdb_builds() -> dict[str, dict[str, Any]]:
+    """``{store name: its build options}`` of every database a row of :data:`LOADERS` reads."""
+    return {_store_of(kind, options): {key: options[key] for key in ("storage", "resize") if key in options}
+            for _, kind, options in LOADERS if kind == "lmdb"}
+
+
+def _store(path: Path, files: list[str], seconds: float | None) -> dict[str, Any]:
+    """A store's record: ``bytes`` (apparent: the files' sizes) and ``disk_bytes`` (the disk blocks allocated to them)."""
+    stats = [os.stat(f) for f in files]
+    return {"path": str(path), "files": files, "seconds": seconds, "bytes": sum(st.st_size for st in stats),
+            "disk_bytes": sum(st.st_blocks * 512 for st in stats)}
+
+
 def build_stores(source: Path, root: Path, workers: int, rebuild: bool, peers: bool) -> dict[str, dict[str, Any]]:
-    """Build (or reuse) every store of ``source`` under ``root``; return ``{store: {"path", "files", "seconds", "bytes"}}``."""
+    """Build (or reuse) every store of ``source`` under ``root``.
+
+    Returns:
+        ``{store: {"path", "files", "seconds", "bytes", "disk_bytes"}}`` (see :func:`_store`); ``files`` is the source folder.
+    """
     from lightning_lmdb.folder import scan_folder
     from lightning_lmdb.writer import build
 
@@ -113,31 +151,24 @@ def build_stores(source: Path, root: Path, workers: int, rebuild: bool, peers: b
     record = root / "builds.json"
     builds = json.loads(record.read_text()) if record.exists() and not rebuild else {}
     scan = scan_folder(source)
-    apparent, _ = folder_bytes(source)
-    stores: dict[str, dict[str, Any]] = {"files": {"path": str(source), "files": [f.path for f in scan.files], "seconds": None,
-                                                   "bytes": apparent}}
-    lmdb_builds = {"lmdb": {}, "lmdb-decoded": {"storage": "decoded"}, "lmdb-resize80": {"resize": 80},
-                   "lmdb-decoded-resize80": {"storage": "decoded", "resize": 80}}
-    for name, options in lmdb_builds.items():
+    stores = {"files": _store(source, [f.path for f in scan.files], None)}
+    for name, options in _lmdb_builds().items():
         path = root / f"{name}.lmdb"
         report = build(source, path, workers=workers, progress=False, overwrite=rebuild, **options)
         if report.action != "up-to-date" or name not in builds:
             builds[name] = report.seconds
-        stores[name] = {"path": str(path), "files": [str(path)], "seconds": builds[name], "bytes": path.stat().st_size}
+        stores[name] = _store(path, [str(path)], builds[name])
     targets = [f.target for f in scan.files]
     if peers and _peer_available("litdata"):
         out = root / "litdata"
         if "litdata" not in builds or not (out / "index.json").exists():
             builds["litdata"] = _build_litdata([f.path for f in scan.files], targets, out, workers)
-        chunks = sorted(str(p) for p in out.glob("*.bin"))
-        size = sum(os.path.getsize(c) for c in chunks)
-        stores["litdata"] = {"path": str(out), "files": chunks, "seconds": builds["litdata"], "bytes": size}
+        stores["litdata"] = _store(out, sorted(str(p) for p in out.glob("*.bin")), builds["litdata"])
     if peers and _peer_available("webdataset"):
         out = root / "wds"
         if "wds" not in builds or not list(out.glob("*.tar")):
             builds["wds"] = _build_wds([f.path for f in scan.files], targets, out)
-        tars = sorted(str(p) for p in out.glob("*.tar"))
-        stores["wds"] = {"path": str(out), "files": tars, "seconds": builds["wds"], "bytes": sum(os.path.getsize(t) for t in tars)}
+        stores["wds"] = _store(out, sorted(str(p) for p in out.glob("*.tar")), builds["wds"])
     record.write_text(json.dumps(builds))
     return stores
 
@@ -242,12 +273,22 @@ def make_loader(kind: str, options: dict[str, Any], store: dict[str, Any], worke
 
 
 def _store_of(kind: str, options: dict[str, Any]) -> str:
+    """The store a row reads: ``files``, ``litdata``, ``wds``, or ``lmdb-STORAGE[-resizeS]``."""
     if kind in ("imagefolder", "raw"):
         return "files"
     if kind in ("litdata", "wds"):
         return kind
-    resized = "-resize80" if options.get("resize") else ""
-    return f"lmdb{'-decoded' if options.get('storage') == 'decoded' else ''}{resized}"
+    return f"lmdb-{options['storage']}" + (f"-resize{options['resize']}" if options.get("resize") else "")
+
+
+def _ceiling_name(kind: str, options: dict[str, Any]) -> str | None:
+    """The decode-only ceiling a row is paired with (``None``: none): ImageFolder's, and the lmdb rows of :data:`CEILINGS`."""
+    if kind == "imagefolder":
+        return "ImageFolder (PIL)"
+    if kind != "lmdb" or options.get("resize") or (options["storage"], options["decoder"], options.get("decode_size")) not in CEILINGS:
+        return None
+    size = options.get("decode_size")
+    return f"{options['storage']} storage, {options['decoder']}" + (f", decode_size {size}" if size else "")
 
 
 def _children(pid: int) -> list[int]:
@@ -321,18 +362,20 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
 
 
 def ceiling(kind: str, decoder: str | None, decode_size: int | None, store: dict[str, Any], workers: int) -> float:
-    """Samples/s of ``workers`` forked processes decoding + transforming record bytes already in memory."""
+    """Samples/s of ``workers`` forked processes decoding + transforming record bytes already in memory (each by its codec)."""
     import torch
 
     from lightning_lmdb import envs
     from lightning_lmdb import format as fmt
+    from lightning_lmdb.database import load_meta
 
     if kind == "imagefolder":
-        blobs = [Path(p).read_bytes() for p in store["files"]]
+        blobs = [(-1, Path(p).read_bytes()) for p in store["files"]]
     else:
+        codecs = load_meta(store["path"]).codecs
         opened = envs.shared(store["path"])
         with opened.env.begin() as txn:
-            blobs = [txn.get(fmt.record_key(i), db=opened.records) for i in range(txn.stat(opened.records)["entries"])]
+            blobs = [(int(codecs[i]), txn.get(fmt.record_key(i), db=opened.records)) for i in range(len(codecs))]
         envs.close_all()
     random.Random(0).shuffle(blobs)
     context = multiprocessing.get_context("fork")
@@ -340,34 +383,42 @@ def ceiling(kind: str, decoder: str | None, decode_size: int | None, store: dict
 
     from PIL import Image
 
-    from lightning_lmdb.decoders import decode
+    from lightning_lmdb.codec import decode_record
     from lightning_lmdb.transforms import eval_transform
 
     pil_transform, tensor_transform = _pil_transform(), eval_transform(SIZE)
 
-    def step(data: bytes) -> Any:
+    def step(codec: int, data: bytes) -> Any:
         if kind == "imagefolder":
             return pil_transform(Image.open(io.BytesIO(data)).convert("RGB"))
-        return tensor_transform(decode(data, decoder, decode_size=decode_size))
+        return tensor_transform(decode_record(data, codec, decoder=decoder, decode_size=decode_size))
 
     def work(part: int) -> None:
-        torch.set_num_threads(1)
-        mine = blobs[part::workers]
-        for data in mine[:20]:  # imports and first-call costs are not decoding
-            step(data)
-        barrier.wait()
-        started = time.perf_counter()
-        for data in mine:
-            step(data)
-        queue.put(time.perf_counter() - started)
+        try:
+            torch.set_num_threads(1)
+            mine = blobs[part::workers]
+            for codec, data in mine[:20]:  # imports and first-call costs are not decoding
+                step(codec, data)
+            barrier.wait()
+            started = time.perf_counter()
+            for codec, data in mine:
+                step(codec, data)
+            queue.put(time.perf_counter() - started)
+        except BaseException as exc:  # report it, and free the others from the barrier: the parent must not wait forever
+            barrier.abort()
+            queue.put(f"{type(exc).__name__}: {exc}")
 
     processes = [context.Process(target=work, args=(part,)) for part in range(workers)]
     for process in processes:
         process.start()
-    seconds = max(queue.get() for _ in processes)
+    results = [queue.get() for _ in processes]
     for process in processes:
         process.join()
-    return len(blobs) / seconds
+    errors = [r for r in results if isinstance(r, str)]
+    if errors:  # the first cause, not the barrier it broke for the others
+        cause = next((e for e in errors if not e.startswith("BrokenBarrierError")), errors[0])
+        raise RuntimeError(f"the decode-only ceiling of {store['path']} failed: {cause}")
+    return len(blobs) / max(results)
 
 
 def run_measure(payload: dict[str, Any]) -> dict[str, Any]:
@@ -393,23 +444,28 @@ def _child(payload: dict[str, Any]) -> None:
 
 
 def bounds(stores: dict[str, dict[str, Any]], limit: int = 500) -> dict[str, float]:
-    """Mean absolute difference (0-255) of the final tensors: reduced-size vs full decode, and resize=80 storage vs the files."""
+    """Mean absolute difference (0-255) of the final tensors against a full decode of the files' bytes (the ``encoded`` store):
+    reduced-size decoding of those bytes, and the ``resize=80`` (``auto``) store's records, each read by its codec."""
     import numpy as np
 
     from lightning_lmdb import envs
     from lightning_lmdb import format as fmt
+    from lightning_lmdb.codec import decode_record
+    from lightning_lmdb.database import load_meta
     from lightning_lmdb.decoders import decode
     from lightning_lmdb.transforms import eval_transform
 
     transform = eval_transform(SIZE)
     out: dict[str, list[float]] = {"reduced": [], "resize80": []}
-    with envs.reading(stores["lmdb"]["path"]) as full, envs.reading(stores["lmdb-resize80"]["path"]) as small:
+    files, resized_store = stores["lmdb-encoded"]["path"], stores["lmdb-auto-resize80"]["path"]
+    codecs = load_meta(resized_store).codecs
+    with envs.reading(files) as full, envs.reading(resized_store) as small:
         with full.env.begin() as a, small.env.begin() as b:
-            for i in range(min(limit, a.stat(full.records)["entries"])):
+            for i in range(min(limit, len(codecs))):
                 data, resized = a.get(fmt.record_key(i), db=full.records), b.get(fmt.record_key(i), db=small.records)
                 reference = transform(decode(data, "opencv")).numpy().astype(np.int16)
                 reduced = transform(decode(data, "opencv", decode_size=SIDE)).numpy().astype(np.int16)
-                shrunk = transform(decode(resized, "opencv", decode_size=SIDE)).numpy().astype(np.int16)
+                shrunk = transform(decode_record(resized, int(codecs[i]), decoder="opencv", decode_size=SIDE)).numpy().astype(np.int16)
                 out["reduced"].append(float(np.abs(reduced - reference).mean()))
                 out["resize80"].append(float(np.abs(shrunk - reference).mean()))
     return ({f"{key}_mean": statistics.fmean(v) for key, v in out.items()} | {f"{key}_max": max(v) for key, v in out.items()}
@@ -453,22 +509,46 @@ def _ratio(values: list[float]) -> str:
     return text + (f" ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else "")
 
 
+def _row_store(result: dict[str, Any], label: str) -> dict[str, Any] | None:
+    """The store a measured row read: as recorded with the results (``row_stores``), else as :data:`LOADERS` names it now."""
+    name = result.get("row_stores", {}).get(label) or next((_store_of(kind, options) for row, kind, options in LOADERS if row == label),
+                                                           None)
+    return result["stores"].get(name) if name else None
+
+
+def _mb(store: dict[str, Any] | None, key: str) -> str:
+    if store is None or store.get(key) is None:
+        return "?"
+    mb = store[key] / 1e6
+    return f"{mb:.3g}" if mb < 100 else f"{mb:.0f}"
+
+
+def _header(folder: str, result: dict[str, Any]) -> str:
+    """A folder's heading: what it holds, the rounds, and the default database's size against the files' (apparent bytes)."""
+    stores = result["stores"]
+    text = f"### {folder}: {result['description']} ({len(result['rows']['ImageFolder (PIL)'])} rounds)"
+    default = stores.get(_store_of(DEFAULT[1], DEFAULT[2]))
+    if default:
+        text += f"; the default database (storage=\"auto\") is {default['bytes'] / stores['files']['bytes']:.2f}x the files' bytes"
+    return text
+
+
 def report(results: dict[str, dict[str, Any]], machine_text: str, settings: str) -> str:
     lines = [f"Machine: {machine_text}.", settings, "x ImageFolder: the median over the rounds of each round's ratio to ImageFolder "
-             "(its range in brackets).", ""]
+             "(its range in brackets). size MB: the store's apparent bytes (the files' sizes); on disk MB: the disk blocks allocated "
+             "to them (st_blocks; a file's last block is partly empty, a sparse file's holes take none).", ""]
     for folder, result in results.items():
-        rows, stores = result["rows"], result["stores"]
-        lines += [f"### {folder}: {result['description']} ({len(rows['ImageFolder (PIL)'])} rounds)", "",
-                  "| loader | build s | size MB | cold img/s | cold x ImageFolder | warm img/s | warm x ImageFolder | memory MB |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for label, kind, options in LOADERS:
-            if label not in rows:
-                continue
-            store = stores[_store_of(kind, options)]
+        rows = result["rows"]
+        lines += [_header(folder, result), "",
+                  "| loader | build s | size MB | on disk MB | cold img/s | cold x ImageFolder | warm img/s | warm x ImageFolder "
+                  "| memory MB |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for label in rows:
+            store = _row_store(result, label)
             cold, warm, memory = (_median(rows[label], key) for key in ("cold", "warm", "memory_mb"))
-            built = "-" if store["seconds"] is None or kind == "raw" else f"{store['seconds']:.1f}"
-            lines.append(f"| {label} | {built} | {store['bytes'] / 1e6:.0f} | {cold:.0f} | {_ratio(_paired(rows, label, 'cold'))} | "
-                         f"{warm:.0f} | {_ratio(_paired(rows, label, 'warm'))} | {memory:.0f} |")
+            built = "?" if store is None else "-" if store["seconds"] is None else f"{store['seconds']:.1f}"
+            lines.append(f"| {label} | {built} | {_mb(store, 'bytes')} | {_mb(store, 'disk_bytes')} | {cold:.0f} | "
+                         f"{_ratio(_paired(rows, label, 'cold'))} | {warm:.0f} | {_ratio(_paired(rows, label, 'warm'))} | {memory:.0f} |")
         cached = max(r.get("cold_cached", 0.0) for rs in rows.values() for r in rs)
         lines += ["", f"Cold passes: at most {cached:.0%} of any sampled file was still cached after eviction.", "",
                   "| decode-only ceiling (bytes in RAM, 2 processes) | img/s | x ImageFolder's ceiling | its loader warm / ceiling |",
@@ -480,7 +560,7 @@ def report(results: dict[str, dict[str, Any]], machine_text: str, settings: str)
         b = result["bounds"]
         lines += ["", f"Final tensor vs full decode + the same transform, mean absolute difference (0-255) over the first "
                   f"{b.get('images', 500)} images: reduced-size decoding {b['reduced_mean']:.2f} (worst image {b['reduced_max']:.2f}); "
-                  f"resize=80 storage {b['resize80_mean']:.2f} (worst {b['resize80_max']:.2f}).", ""]
+                  f"resize=80 auto storage {b['resize80_mean']:.2f} (worst {b['resize80_max']:.2f}).", ""]
     return "\n".join(lines)
 
 
@@ -493,7 +573,7 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 6), squeeze=False)
     for ax, (folder, result) in zip(axes[0], results.items()):
         rows = result["rows"]
-        labels = [label for label, _, _ in LOADERS if label in rows]
+        labels = list(rows)
         y = list(range(len(labels)))
         for offset, regime in ((-0.2, "cold"), (0.2, "warm")):
             ratios = [_paired(rows, label, regime) for label in labels]
@@ -514,6 +594,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=int, default=10_000, help="ImageNet-like JPEGs (0: skip)")
     parser.add_argument("--pngs", type=int, default=5_000, help="mixed-mode PNGs (0: skip)")
+    parser.add_argument("--icons", type=int, default=5_000, help="small mixed-mode PNG icons (0: skip)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3, help="repetitions of every loader (rotated order); medians reported")
@@ -545,6 +626,9 @@ def main(argv: list[str] | None = None) -> None:
                              f"{args.photos:,} ImageNet-like JPEGs, 256-500 px")
     if args.pngs:
         folders["pngs"] = (make_png_folder(args.dir / f"pngs_{args.pngs}", args.pngs), f"{args.pngs:,} mixed-mode PNGs, 48-256 px")
+    if args.icons:
+        icons = make_icon_folder(args.dir / f"icons_{args.icons}", args.icons)
+        folders["icons"] = (icons, f"{args.icons:,} small mixed-mode PNG icons, 16-256 px (median {median_file_bytes(icons) / 1e3:.1f} KB)")
     if args.latency_ms:
         run_netfs(folders, args)
         return
@@ -557,17 +641,14 @@ def main(argv: list[str] | None = None) -> None:
         ceiling_rows = {}  # ceiling name -> the row it is paired with
         jobs = []
         for label, kind, options in loaders:
-            payload = {"what": "loader", "label": label, "kind": kind, "options": options, "store": stores[_store_of(kind, options)],
-                       "workers": args.workers, "batch_size": args.batch_size, "warm_passes": args.warm_passes,
-                       "finish_device": args.finish_device}
-            if kind == "imagefolder":
-                payload["ceiling"] = {"kind": "imagefolder", "store": stores["files"]}
-                ceiling_rows["ImageFolder (PIL)"] = label
-            elif kind == "lmdb" and (options["decoder"], options.get("decode_size")) in CEILINGS and _store_of(kind, options) == "lmdb":
-                payload["ceiling"] = {"kind": "lmdb", "decoder": options["decoder"], "decode_size": options.get("decode_size"),
-                                      "store": stores["lmdb"]}
-                size = options.get("decode_size")
-                ceiling_rows[options["decoder"] + (f", decode_size {size}" if size else "")] = label
+            store = stores[_store_of(kind, options)]
+            payload = {"what": "loader", "label": label, "kind": kind, "options": options, "store": store, "workers": args.workers,
+                       "batch_size": args.batch_size, "warm_passes": args.warm_passes, "finish_device": args.finish_device}
+            name = _ceiling_name(kind, options)
+            if name:
+                payload["ceiling"] = {"kind": kind, "decoder": options.get("decoder"), "decode_size": options.get("decode_size"),
+                                      "store": store}
+                ceiling_rows[name] = label
             jobs.append((label, payload))
         for round_ in range(args.rounds):
             shift = round_ * max(1, len(jobs) // args.rounds)
@@ -576,8 +657,9 @@ def main(argv: list[str] | None = None) -> None:
                 rows[label].append(r)
                 paired = f"  ceiling {r['ceiling']:7.0f}/s ({r['warm'] / r['ceiling']:.2f})" if "ceiling" in r else ""
                 warn = f"  (eviction failed: {r['cold_cached']:.0%} still cached)" if r["cold_cached"] > 0.05 else ""
-                print(f"{folder} round {round_}: {label:40s} cold {r['cold']:7.0f}/s  warm {r['warm']:7.0f}/s{paired}{warn}", flush=True)
+                print(f"{folder} round {round_}: {label:44s} cold {r['cold']:7.0f}/s  warm {r['warm']:7.0f}/s{paired}{warn}", flush=True)
         results[folder] = {"rows": rows, "description": description, "ceiling_rows": ceiling_rows, "bounds": bounds(stores),
+                           "row_stores": {label: _store_of(kind, options) for label, kind, options in loaders},
                            "stores": {name: {k: v for k, v in store.items() if k != "files"} for name, store in stores.items()}}
     settings = (f"{args.workers} workers, batches of {args.batch_size}; output {SIZE}x{SIZE} float (shorter side {SIDE}, centre crop)"
                 f"{'' if args.finish_device == 'cpu' else f' on {args.finish_device}'}.")

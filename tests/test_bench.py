@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from PIL import Image
 from lightning_lmdb import netfs
 from lightning_lmdb.bench import REGIMES, STORAGES, run_read_benchmark
 from lightning_lmdb.cli import main
+from lightning_lmdb.writer import build_lmdb
 
 
 @pytest.fixture
@@ -77,7 +81,47 @@ def test_cli_bench(jpeg_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixt
 
 PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
 #: The cheapest run that still has every kind of row: 8 PNGs, 1 worker, batches of 4, one round.
-PEERS_RUN = ["--photos", "0", "--pngs", "8", "--rounds", "1", "--workers", "1", "--batch-size", "4"]
+PEERS_RUN = ["--photos", "0", "--pngs", "8", "--icons", "0", "--rounds", "1", "--workers", "1", "--batch-size", "4"]
+
+
+def _benchmark_module(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``benchmarks/NAME.py``, imported for this test (the benchmark scripts are not a package; a process pool finds it by name)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", PEERS.parent / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # peers.py puts benchmarks/ first
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_icon_folder_has_every_mode_and_small_sides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    common = _benchmark_module("common", monkeypatch)
+    root = common.make_icon_folder(tmp_path / "icons", 21, seed=3)
+    files = sorted(root.rglob("*.png"))
+    assert len(files) == 21 and (root / ".complete").read_text() == "21"
+    kinds, sides = set(), []
+    for path in files:
+        with Image.open(path) as img:
+            kinds.add(img.mode + (" + transparency" if "transparency" in img.info else ""))
+            assert img.width == img.height, path
+            sides.append(img.width)
+    assert kinds == {"RGBA", "RGB", "L", "LA", "P", "P + transparency"}
+    assert 16 <= min(sides) and max(sides) <= 256
+    assert common.median_file_bytes(root) == statistics.median(path.stat().st_size for path in files)
+    assert common.make_icon_folder(tmp_path / "icons", 21, seed=3) == root, "generated once, then reused"
+
+
+def test_peers_ceiling_reports_a_failed_decode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode that fails in a ceiling's worker is an error naming the store, not a parent waiting forever on its result."""
+    source = tmp_path / "src" / "a"
+    source.mkdir(parents=True)
+    for i in range(4):
+        Image.new("RGB", (20 + i, 16), (i * 40, 0, 0)).save(source / f"{i}.png")
+    database = build_lmdb(tmp_path / "src", tmp_path / "db.lmdb", storage="encoded", workers=0, progress=False)
+    peers = _benchmark_module("peers", monkeypatch)
+    with pytest.raises(RuntimeError, match=r"ceiling of .*db\.lmdb failed: .*no-such-decoder"):
+        peers.ceiling("lmdb", "no-such-decoder", None, {"path": str(database)}, workers=2)
 
 
 def _peers(tmp: Path, out: Path, *args: str) -> None:
@@ -107,27 +151,70 @@ def peers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("peers")
 
 
+def _sizes(files: list[Path]) -> tuple[int, int]:
+    """(apparent bytes, allocated bytes) of ``files``, from the file system."""
+    stats = [os.stat(f) for f in files]
+    return sum(st.st_size for st in stats), sum(st.st_blocks * 512 for st in stats)
+
+
+def _check_stores(result: dict[str, Any], table: dict[str, list[str]]) -> None:
+    """Each row's store is the one its storage names, and the size columns are that store's bytes and disk blocks."""
+    stores = result["stores"]
+    assert result["row_stores"]["**lmdb auto, decode_size (default)**"] == "lmdb-auto"
+    assert {name for name in stores if name.startswith("lmdb")} == {"lmdb-auto", "lmdb-encoded", "lmdb-decoded", "lmdb-auto-resize80",
+                                                                    "lmdb-decoded-resize80"}
+    files = sorted(Path(stores["files"]["path"]).rglob("*.png"))
+    assert (stores["files"]["bytes"], stores["files"]["disk_bytes"]) == _sizes(files)
+    for name in ("lmdb-auto", "lmdb-encoded"):
+        assert (stores[name]["bytes"], stores[name]["disk_bytes"]) == _sizes([Path(stores[name]["path"])]), name
+    for label, name in result["row_stores"].items():
+        size, disk = (float(cell) for cell in table[label.strip("*")][2:4])
+        assert (size, disk) == pytest.approx((stores[name]["bytes"] / 1e6, stores[name]["disk_bytes"] / 1e6), rel=0.01), label
+
+
 @pytest.mark.slow
 def test_peers_benchmark_runs_every_kind_of_row(peers_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     _peers(peers_dir, out, "--warm-passes", "2", "--only", "LitData", "WebDataset", "auto, decode_size", "lmdb decoded")
     result = json.loads((out / "peers.json").read_text())["results"]["pngs"]
     rows = result["rows"]
-    assert set(rows) == {"ImageFolder (PIL)", "LitData (torchvision.io)", "WebDataset (PIL)", "**lmdb auto, decode_size (default)**",
-                         "lmdb decoded storage", "raw files, auto, decode_size"}
-    table = _table_rows((out / "peers.md").read_text(), "| loader |")
+    assert set(rows) == {"ImageFolder (PIL)", "LitData (torchvision.io)", "WebDataset (PIL)", "lmdb encoded storage, auto, decode_size",
+                         "**lmdb auto, decode_size (default)**", "lmdb decoded storage", "raw files, auto, decode_size"}
+    text = (out / "peers.md").read_text()
+    table = _table_rows(text, "| loader |")
     base = rows["ImageFolder (PIL)"][0]
     for label, (run,) in rows.items():
         assert len(run["warm_passes"]) == 2 and run["warm"] == statistics.median(run["warm_passes"]), label
         assert run["cold_cached"] <= 0.05, f"{label}: the cold pass was not cold ({run['cold_cached']:.0%} of a file still cached)"
         # the table shows what was measured: each row's figures and its ratios to ImageFolder's, recomputed here
         cells = table[label.strip("*")]
-        assert [cells[3], cells[5]] == [f"{run['cold']:.0f}", f"{run['warm']:.0f}"], (label, cells)
-        assert [cells[4], cells[6]] == [f"{run['cold'] / base['cold']:.2f}x", f"{run['warm'] / base['warm']:.2f}x"], (label, cells)
+        assert [cells[4], cells[6]] == [f"{run['cold']:.0f}", f"{run['warm']:.0f}"], (label, cells)
+        assert [cells[5], cells[7]] == [f"{run['cold'] / base['cold']:.2f}x", f"{run['warm'] / base['warm']:.2f}x"], (label, cells)
     assert table["ImageFolder (PIL)"][1] == "-" and float(table["lmdb decoded storage"][1]) >= 0, "build seconds: ours, not the folder's"
-    assert set(result["ceiling_rows"]) == {"ImageFolder (PIL)", "auto, decode_size 73"}, "the ceilings of the measured decoders"
+    _check_stores(result, table)
+    ratio = result["stores"]["lmdb-auto"]["bytes"] / result["stores"]["files"]["bytes"]
+    assert f'the default database (storage="auto") is {ratio:.2f}x the files\' bytes' in text
+    # the ceilings of the measured decoders: the auto decoder on the files' bytes, and the default (zstd pixels for PNGs)
+    assert result["ceiling_rows"] == {"ImageFolder (PIL)": "ImageFolder (PIL)",
+                                      "encoded storage, auto, decode_size 73": "lmdb encoded storage, auto, decode_size",
+                                      "auto storage, auto, decode_size 73": "**lmdb auto, decode_size (default)**"}
     assert all(rows[label][0]["ceiling"] > 0 for label in result["ceiling_rows"].values())
     assert result["bounds"]["images"] == 8 and (out / "peers.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_peers_benchmark_icons_folder(peers_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _peers(peers_dir, out, "--pngs", "0", "--icons", "8", "--no-peers", "--warm-passes", "1", "--only", "(default)")
+    result = json.loads((out / "peers.json").read_text())["results"]
+    assert list(result) == ["icons"]
+    icons = sorted((peers_dir / "icons_8").rglob("*.png"))
+    median = statistics.median(path.stat().st_size for path in icons) / 1e3
+    assert result["icons"]["description"] == f"8 small mixed-mode PNG icons, 16-256 px (median {median:.1f} KB)"
+    assert set(result["icons"]["rows"]) == {"ImageFolder (PIL)", "**lmdb auto, decode_size (default)**"}
+    text = (out / "peers.md").read_text()
+    assert "### icons: 8 small mixed-mode PNG icons" in text
+    _check_stores(result["icons"], _table_rows(text, "| loader |"))
 
 
 LATENCY_MS = 20.0
