@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import ceiling  # noqa: E402
 
-from lightning_lmdb import LMDBImageDataset, envs  # noqa: E402
+from lightning_lmdb import LMDBImageDataset, database, envs  # noqa: E402
 from lightning_lmdb import format as fmt  # noqa: E402
-from lightning_lmdb.decoders import decode  # noqa: E402
+from lightning_lmdb.codec import decode_record  # noqa: E402
 from lightning_lmdb.transforms import eval_transform, finish_batch  # noqa: E402
 
 TRANSFORM = eval_transform(64)
@@ -43,14 +43,14 @@ TRANSFORM = eval_transform(64)
 class InMemory(Dataset):
     """The encoded records in a list; decoded and transformed like the benchmark's rows."""
 
-    def __init__(self, blobs: list[bytes], decoder: str):
-        self.blobs, self.decoder = blobs, decoder
+    def __init__(self, blobs: list[bytes], codecs: list[int], decoder: str):
+        self.blobs, self.codecs, self.decoder = blobs, codecs, decoder
 
     def __len__(self) -> int:
         return len(self.blobs)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return TRANSFORM(decode(self.blobs[index], self.decoder)), 0
+        return TRANSFORM(decode_record(self.blobs[index], self.codecs[index], decoder=self.decoder)), 0
 
 
 def one_pass(loader: DataLoader, finish: bool) -> float:
@@ -73,14 +73,15 @@ def main() -> None:
     with envs.reading(args.database) as opened, opened.env.begin() as txn:
         blobs = [txn.get(fmt.record_key(i), db=opened.records) for i in range(txn.stat(opened.records)["entries"])]
     settings = {"batch_size": args.batch_size, "shuffle": True, "num_workers": 2, "persistent_workers": True}
-    loader = DataLoader(InMemory(blobs, args.decoder), **settings)
-    database = DataLoader(LMDBImageDataset(args.database, TRANSFORM, decoder=args.decoder), **settings)
+    codecs = [int(c) for c in database.load_meta(args.database).codecs]
+    loader = DataLoader(InMemory(blobs, codecs, args.decoder), **settings)
+    served = DataLoader(LMDBImageDataset(args.database, TRANSFORM, decoder=args.decoder), **settings)
     one_pass(loader, finish=False)  # start the workers
-    one_pass(database, finish=False)
+    one_pass(served, finish=False)
     ratios: dict[str, list[float]] = {"in memory, finished": [], "in memory, uint8": [], "the database, finished": []}
     for round_ in range(args.rounds):
         top = ceiling("lmdb", args.decoder, None, {"path": str(args.database)}, 2)
-        finished, raw, stored = one_pass(loader, finish=True), one_pass(loader, finish=False), one_pass(database, finish=True)
+        finished, raw, stored = one_pass(loader, finish=True), one_pass(loader, finish=False), one_pass(served, finish=True)
         ratios["in memory, finished"].append(finished / top)
         ratios["in memory, uint8"].append(raw / top)
         ratios["the database, finished"].append(stored / top)
