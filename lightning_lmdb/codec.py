@@ -198,7 +198,7 @@ def _encode_auto(data: bytes, image: Image.Image, resize: int | None, quality: i
     if info.lossy or (small and info.format == "png" and info.bit_depth > 8):
         return _encode_file(data, image, resize, quality)
     pixels = np.asarray(image)
-    return ZSTD_PIXELS, encode_zstd_pixels(pixels if small else resize_pixels(pixels, resize), grey=_grey(info))
+    return ZSTD_PIXELS, encode_zstd_pixels(pixels if small else resize_pixels(pixels, resize), ZSTD_LEVEL, grey=_grey(info))
 
 
 def _grey(info: ImageInfo) -> bool | None:
