@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a lent GPU machine (under 5 minutes). Prepare the wheels here first (bash scripts/gpu_wheels.sh), then run
 # this script through the device tool with carry [".whl"]. It prints, and leaves under ${OUT:-/tmp}:
-#   1. the GPU-marked tests (batched GPU decode vs CPU, PerfMonitor's GPU metrics, a GPU fit);
+#   1. the GPU-marked tests (batched GPU decode vs CPU on a database mixing JPEG bytes and zstd pixels, PerfMonitor's
+#      GPU metrics, a GPU fit);
 #   2. scripts/gpu_decode_check.py: nvJPEG's stream-ordering stress check (TorchCodec PR 1634), GPU vs CPU pixels,
 #      and batched GPU decode throughput against the CPU decoders;
 #   3. the raw-vs-LMDB A/B on the GPU with the batched GPU decode (data.decode_device=cuda): data-wait and GPU utilisation;
@@ -27,5 +28,5 @@ python3 train.py -m data=raw,lmdb ab.repeats=2 trainer=gpu loader=fast trainer.m
 echo "== A/B on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), batched GPU decode =="
 cat "$out/sweep/comparison.txt"
 # The loader against its decode-only ceiling with the batches finished on the GPU (issue: fast by default), a short PNG run.
-python3 benchmarks/peers.py --photos 0 --pngs 2000 --rounds 1 --warm-passes 2 --no-peers --only "auto" --finish-device cuda --dir /tmp/peers_cuda \
+python3 benchmarks/peers.py --photos 0 --pngs 2000 --icons 0 --rounds 1 --warm-passes 2 --no-peers --only "auto" --finish-device cuda --dir /tmp/peers_cuda \
   --out "$out/peers_cuda" 2>&1 | grep -v -i warn | tee "$out/peers_cuda.txt"
