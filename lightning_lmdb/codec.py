@@ -72,7 +72,7 @@ DEFAULT_QUALITY = 90
 #: A resized lossless image is stored as an unfiltered PNG unless that is this much larger than OpenCV's filtered one.
 UNFILTERED_PNG_MAX_GROWTH = 1.25
 #: The zstd level of ``zstd pixels`` records (chosen by measurement: see docs/decoding.md), recorded in the metadata.
-ZSTD_LEVEL = 4
+ZSTD_LEVEL = 1
 _PIXEL_HEADER = struct.Struct("<III")
 
 def encode_pixels(pixels: np.ndarray) -> bytes:
