@@ -16,6 +16,7 @@ Each folder is generated once (in parallel) and reused: a ``.complete`` marker i
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import statistics
@@ -77,11 +78,15 @@ def icon_image(rng: np.random.Generator, side: int, mode: str) -> Image.Image:
     yy, xx = np.mgrid[0:side, 0:side]
     pixels = np.asarray(img).astype(np.float32)
     pixels[..., :3] += xx[..., None] / side * rng.uniform(-40, 40, 3) + rng.normal(0, rng.uniform(0, 6), (side, side, 3))
-    img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGBA")
+    return _in_mode(Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGBA"), mode, rng, (16, 256))
+
+
+def _in_mode(img: Image.Image, mode: str, rng: np.random.Generator, colours: tuple[int, int]) -> Image.Image:
+    """An RGBA icon in ``mode`` (see :data:`PNG_MODES`); palettes of ``colours`` (low, high) colours, drawn from ``rng``."""
     if mode == "P":
-        return img.convert("RGB").quantize(int(rng.integers(16, 256)))
+        return img.convert("RGB").quantize(int(rng.integers(*colours)))
     if mode == "PA":
-        return img.quantize(int(rng.integers(16, 256)))
+        return img.quantize(int(rng.integers(*colours)))
     return img if mode == "RGBA" else img.convert(mode)
 
 
@@ -128,12 +133,7 @@ def flat_icon(rng: np.random.Generator, side: int, mode: str, supersample: int =
     pixels = np.asarray(img.resize((side, side), Image.Resampling.LANCZOS)).astype(np.float32)
     yy, xx = np.mgrid[0:side, 0:side]
     pixels[..., :3] += ((yy + xx)[..., None] / (2 * side) - 0.5) * rng.uniform(-60, 60, 3)
-    img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGBA")
-    if mode == "P":
-        return img.convert("RGB").quantize(int(rng.integers(32, 129)))
-    if mode == "PA":
-        return img.quantize(int(rng.integers(32, 129)))
-    return img if mode == "RGBA" else img.convert(mode)
+    return _in_mode(Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGBA"), mode, rng, (32, 129))
 
 
 def _write_photo(task: tuple[Path, int, int]) -> None:
@@ -145,22 +145,22 @@ def _write_photo(task: tuple[Path, int, int]) -> None:
     Image.fromarray(photo_pixels(rng, width, height)).save(path, quality=90)
 
 
-def _write_icon(task: tuple[Path, int, int]) -> None:
+def _write_png(image_of: Callable[[np.random.Generator, str], Image.Image], task: tuple[Path, int, int]) -> None:
+    """Write icon ``i`` of a folder: its mode by rotation through :data:`PNG_MODES`, its image from ``image_of(rng, mode)``."""
     root, i, seed = task
     rng = np.random.default_rng((seed, i))
     mode = PNG_MODES[i % len(PNG_MODES)]
     path = root / f"set_{i % 20:02d}" / f"icon_{i:06d}_{mode.lower()}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    icon_image(rng, int(rng.integers(48, 257)), mode).save(path)
+    image_of(rng, mode).save(path)
 
 
-def _write_flat_icon(task: tuple[Path, int, int]) -> None:
-    root, i, seed = task
-    rng = np.random.default_rng((seed, i))
-    mode = PNG_MODES[i % len(PNG_MODES)]
-    path = root / f"set_{i % 20:02d}" / f"icon_{i:06d}_{mode.lower()}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    flat_icon(rng, icon_side(rng), mode).save(path)
+def _icon(rng: np.random.Generator, mode: str) -> Image.Image:
+    return icon_image(rng, int(rng.integers(48, 257)), mode)
+
+
+def _flat(rng: np.random.Generator, mode: str) -> Image.Image:
+    return flat_icon(rng, icon_side(rng), mode)
 
 
 def _generate(root: Path, count: int, seed: int, write: Callable[[tuple[Path, int, int]], None]) -> Path:
@@ -182,7 +182,7 @@ def make_photo_folder(root: Path, count: int, *, seed: int = 0) -> Path:
 
 def make_png_folder(root: Path, count: int, *, seed: int = 0) -> Path:
     """``count`` icon-like PNGs (48-256 px) in the modes of :data:`PNG_MODES`, 20 class folders; generated once, then reused."""
-    return _generate(root, count, seed, _write_icon)
+    return _generate(root, count, seed, functools.partial(_write_png, _icon))
 
 
 def make_icon_folder(root: Path, count: int, *, seed: int = 0) -> Path:
@@ -190,7 +190,7 @@ def make_icon_folder(root: Path, count: int, *, seed: int = 0) -> Path:
 
     Sides of 16-256 px, most 24-64 (:func:`icon_side`); PNGs of about 2 KB median (:func:`flat_icon`).
     """
-    return _generate(root, count, seed, _write_flat_icon)
+    return _generate(root, count, seed, functools.partial(_write_png, _flat))
 
 
 def median_file_bytes(root: Path) -> float:

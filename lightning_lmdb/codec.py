@@ -172,17 +172,15 @@ def _imencode(extension: str, bgr: np.ndarray, params: list[int]) -> bytes:
     return buffer.tobytes()
 
 
-def _file_codec(data: bytes | memoryview) -> int:
-    """The file codec of an image file's bytes, by its format."""
-    return _FILE_CODECS.get(read_info(data).format, FILE)
+def _encode_file(data: bytes, image: Image.Image, resize: int | None, quality: int, info: ImageInfo | None = None) -> tuple[int, bytes]:
+    """``encoded``: the file's own bytes; resized, re-encoded (JPEG for lossy sources, PNG for lossless ones).
 
-
-def _encode_file(data: bytes, image: Image.Image, resize: int | None, quality: int) -> tuple[int, bytes]:
-    """``encoded``: the file's own bytes; resized, re-encoded (JPEG for lossy sources, PNG for lossless ones)."""
+    ``info``: the file's header facts, when the caller has read them already.
+    """
+    info = info or read_info(data)
     if resize is None or min(image.size) <= resize:
-        return _file_codec(data), data
-    lossy = read_info(data).lossy
-    return (JPEG if lossy else PNG), _encode_image(resize_pixels(np.asarray(image), resize), lossy, quality)
+        return _FILE_CODECS.get(info.format, FILE), data
+    return (JPEG if info.lossy else PNG), _encode_image(resize_pixels(np.asarray(image), resize), info.lossy, quality)
 
 
 def _encode_decoded(data: bytes, image: Image.Image, resize: int | None, quality: int) -> tuple[int, bytes]:
@@ -196,7 +194,7 @@ def _encode_auto(data: bytes, image: Image.Image, resize: int | None, quality: i
     info = read_info(data)
     small = resize is None or min(image.size) <= resize
     if info.lossy or (small and info.format == "png" and info.bit_depth > 8):
-        return _encode_file(data, image, resize, quality)
+        return _encode_file(data, image, resize, quality, info)
     pixels = np.asarray(image)
     return ZSTD_PIXELS, encode_zstd_pixels(pixels if small else resize_pixels(pixels, resize), ZSTD_LEVEL, grey=_grey(info))
 

@@ -287,15 +287,18 @@ class LMDBImageDataset(_ImageDataset):
 
     def _all_targets(self) -> np.ndarray:
         if self._targets is None:
-            meta = self._read_meta()
-            self._targets, self._codecs = meta.targets, meta.codecs
+            self._read_arrays()
         return self._targets
 
     def _all_codecs(self) -> np.ndarray:
         if self._codecs is None:
-            meta = self._read_meta()
-            self._targets, self._codecs = meta.targets, meta.codecs
+            self._read_arrays()
         return self._codecs
+
+    def _read_arrays(self) -> None:
+        """The per-record arrays every sample needs (targets, codecs), read back once in this process."""
+        meta = self._read_meta()
+        self._targets, self._codecs = meta.targets, meta.codecs
 
     def _path_table(self) -> fmt.PathTable:
         if self._paths is None:

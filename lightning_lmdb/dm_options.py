@@ -98,15 +98,17 @@ def check_loader(batch_size: Any, image_size: Any, prefetch_factor: Any, num_wor
 def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, database_path: Callable[[str], Path]) -> None:
     """Refuse a given folder that does not exist or holds no images (with ``serve_without_folder``: unless its database exists)."""
     for split, folder in dirs.items():
-        if folder is not None and sources.kind_of(folder) is None and not (serve_without_folder and database_path(split).exists()):
+        if folder is None:
+            continue
+        kind = sources.kind_of(folder)
+        if kind is None and not (serve_without_folder and database_path(split).exists()):
             raise FileNotFoundError(
                 f"{split}_dir {str(folder)!r} does not exist or is not a folder. Pass the folder that holds your images"
                 f" (Hydra: data.{split}_dir=/path/to/images)."
                 + (" With on_stale='ignore' an existing database is served without it, but there is none at "
                    f"{str(database_path(split))!r}." if serve_without_folder else "")
             )
-        # on_stale="ignore" promises no scan
-        if folder is not None and not serve_without_folder and not sources.kind_of(folder).has_samples(folder):
+        if kind is not None and not serve_without_folder and not kind.has_samples(folder):  # on_stale="ignore" promises no scan
             raise SourceError(
                 f"No images found in {split}_dir {str(folder)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in "
                 f"one subfolder per class (ImageFolder layout) or directly in the folder. Pass the folder that holds your images "
