@@ -45,6 +45,7 @@ import numpy as np
 from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.options import CONTENT_OPTIONS
+from lightning_lmdb.targets import TargetTable
 
 if TYPE_CHECKING:
     from lightning_lmdb.sources import SourceScan
@@ -283,7 +284,15 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
         codecs=np.concatenate([m.codecs for m in metas]),
         shard=None,
     )
-    joined.targets.flags.writeable = joined.codecs.flags.writeable = False
+    if joined.target_kind in ("multilabel", "regression"):
+        table = TargetTable.concat([m.target_table() for m in metas])
+        joined = replace(joined, labels=table.labels, label_offsets=table.offsets,
+                         values=None if table.values is None else table.values.reshape(-1))
+    if joined.split_names:
+        joined = replace(joined, splits=np.concatenate([m.splits for m in metas]))  # type: ignore[misc]
+    for array in (joined.targets, joined.codecs, joined.labels, joined.label_offsets, joined.values, joined.splits):
+        if array is not None:
+            array.flags.writeable = False
     if arrays:
         tables = [m.paths for m in metas]
         assert all(t is not None for t in tables)
@@ -302,7 +311,7 @@ ANY_SHARD: Any = object()
 def is_current(meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any], *, shard: fmt.ShardInfo | None = ANY_SHARD) -> bool:
     """Whether a database (or a shard, or a partial build) is what a build of ``scan`` with ``options`` would make now.
 
-    Current means: this library's format version, the scan's fingerprint, and the same content options
+    Current means: the format version this library writes for it, the scan's fingerprint, and the same content options
     (:data:`~lightning_lmdb.options.CONTENT_OPTIONS`).
 
     Args:
@@ -311,7 +320,8 @@ def is_current(meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any], *,
         options: The content options of the build (``BuildOptions.content()``).
         shard: The shard header it must have (``None``: none, a single file's partial build); by default not compared.
     """
-    return (meta.version == fmt.FORMAT_VERSION and meta.source.fingerprint == scan.fingerprint() and _same_options(meta, options)
+    return (meta.version == fmt.version_for(meta.target_kind, meta.split_names) and meta.source.fingerprint == scan.fingerprint()
+            and _same_options(meta, options)
             and (shard is ANY_SHARD or meta.shard == shard))
 
 
@@ -323,8 +333,9 @@ def _same_options(meta: fmt.Metadata, options: dict[str, Any]) -> bool:
 
 def stale_reason(path: str | os.PathLike[str], meta: fmt.Metadata, scan: SourceScan, options: dict[str, Any]) -> str:
     """How the database at ``path`` differs from what a build now would make (completes "was built ...")."""
-    if meta.version != fmt.FORMAT_VERSION:
-        return f"in format version {meta.version}; this lightning_lmdb writes version {fmt.FORMAT_VERSION}"
+    written = fmt.version_for(meta.target_kind, meta.split_names)
+    if meta.version != written:
+        return f"in format version {meta.version}; this lightning_lmdb writes version {written}"
     if not _same_options(meta, options):
         return f"with other options ({meta.options} vs {options})"
     paths = load_meta(path, arrays=True).paths

@@ -68,7 +68,8 @@ from lightning_lmdb.codec import ImageDecodeError, RecordError
 from lightning_lmdb.decoders import decode
 from lightning_lmdb.decoding import DecodingChoice, check_decoding
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
-from lightning_lmdb.sources import read_file, scan_source
+from lightning_lmdb.sources import ManifestOptions, SourceScan, read_file, scan_source
+from lightning_lmdb.targets import TargetTable
 from lightning_lmdb.views import RowView, Split
 
 #: Paths of the database environments open in this process.
@@ -86,6 +87,18 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def kind_of(meta: fmt.Metadata) -> tuple[str, list[str], list[str]]:
+    """A database's target kind, target names and split names, as :class:`_ImageDataset` takes them."""
+    return meta.target_kind, list(meta.target_names), list(meta.split_names)
+
+
+def split_rows(meta: fmt.Metadata, name: str) -> np.ndarray:
+    """The records of ``meta``'s database that its source put in split ``name`` (none for a name it does not have)."""
+    if name not in meta.split_names or meta.splits is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(meta.splits == meta.split_names.index(name))
+
+
 def auto_readahead(path: str | os.PathLike[str]) -> bool:
     """Readahead on when the database (its file, or all shards of a sharded folder) is smaller than the memory available."""
     return database.database_bytes(path) < available_memory()
@@ -101,20 +114,31 @@ class _ImageDataset(RowView, DecodingChoice, Dataset):
     _stats: LoaderStats | None = None  # None: off (the default; also a copy unpickled outside a process start)
     _block_reads: blockread.BlockReads | None = None  # None: off (LMDBImageDataset.read_blocks)
 
+    #: What ``ds[i][1]`` is (:data:`lightning_lmdb.sources.TargetKind`): ``"class"`` (an ``int``), ``"none"`` (``-1``),
+    #: ``"multilabel"`` (a ``float32`` multi-hot tensor over ``classes``) or ``"regression"`` (a ``float32`` tensor, one
+    #: value per name of ``target_names``).
+    target_kind: str = "class"
+    #: The names of a regression target's values (its manifest columns); ``[]`` for the other kinds.
+    target_names: list[str] = []
+    #: The splits the source assigned (a manifest's split column), in order; ``[]`` when it assigned none.
+    split_names: list[str] = []
+
     def __init__(
         self,
         classes: list[str],
         class_to_idx: dict[str, int],
         count: int,
         transform: Callable[[Any], Any] | None,
-        target_transform: Callable[[int], Any] | None,
+        target_transform: Callable[[Any], Any] | None,
         indices: Sequence[int] | None,
         decoder: str = "pil",
         decode_size: int | None = None,
+        kind: tuple[str, list[str], list[str]] = ("class", [], []),
     ):
         check_decoding(decoder, decode_size)
         self.decoder, self.decode_size = decoder, decode_size
         self.classes, self.class_to_idx = classes, class_to_idx
+        self.target_kind, self.target_names, self.split_names = kind
         self.transform, self.target_transform = transform, target_transform
         super().__init__(count, indices)
 
@@ -173,7 +197,7 @@ class _ImageDataset(RowView, DecodingChoice, Dataset):
 
     def _transformed(self, image: Any, row: int) -> tuple[Any, Any]:
         """``(image, target)`` of record ``row`` after ``transform`` and ``target_transform``."""
-        target: Any = int(self._all_targets()[row])
+        target: Any = self._all_targets().item(row)
         if self.transform is not None and not isinstance(image, Deferred):
             image = self.transform(image)
         if self.target_transform is not None:
@@ -219,7 +243,8 @@ class LMDBImageDataset(_ImageDataset):
         self.path = str(Path(path).absolute())
         self.readahead = auto_readahead(self.path) if readahead is None else readahead
         meta = self._set_parts()
-        super().__init__(meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder, decode_size)
+        super().__init__(meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder, decode_size,
+                         kind_of(meta))
 
     def _set_parts(self) -> fmt.Metadata:
         """Read the metadata, the database's files (one, or a sharded folder's shards) and the build id; keep the targets."""
@@ -232,7 +257,7 @@ class LMDBImageDataset(_ImageDataset):
         self.storage: str = meta.storage
         self._codecs: np.ndarray | None = meta.codecs  # each record's codec (codec.RECORD_CODECS), one byte a record
         self.format_version: int = meta.version
-        self._targets: np.ndarray | None = meta.targets
+        self._targets: TargetTable | None = meta.target_table()
         self._paths: fmt.PathTable | None = meta.paths  # version 1 carries them; version 2 reads them on demand
         self._files = [part.path for part in parts]
         self._starts = [part.offset for part in parts]  # a short list: bisect per sample, no per-record object
@@ -285,10 +310,14 @@ class LMDBImageDataset(_ImageDataset):
         self._block_reads = blockread.BlockReads(size)
         return self
 
-    def _all_targets(self) -> np.ndarray:
+    def _all_targets(self) -> TargetTable:
         if self._targets is None:
             self._read_arrays()
         return self._targets
+
+    def rows_of_split(self, name: str) -> np.ndarray:
+        """The records (positions in the whole database) the source put in split ``name`` (see :attr:`split_names`)."""
+        return split_rows(self._read_meta(), name)
 
     def _all_codecs(self) -> np.ndarray:
         if self._codecs is None:
@@ -298,7 +327,7 @@ class LMDBImageDataset(_ImageDataset):
     def _read_arrays(self) -> None:
         """The per-record arrays every sample needs (targets, codecs), read back once in this process."""
         meta = self._read_meta()
-        self._targets, self._codecs = meta.targets, meta.codecs
+        self._targets, self._codecs = meta.target_table(), meta.codecs
 
     def _path_table(self) -> fmt.PathTable:
         if self._paths is None:
@@ -412,6 +441,7 @@ class RawImageDataset(_ImageDataset):
         decode_size: As :class:`LMDBImageDataset`.
         indices: Serve only these samples, in this order.
         exclude: Relative paths to leave out (e.g. the bad files :func:`lightning_lmdb.writer.find_bad_files` found).
+        manifest: How to read ``root`` when it is a manifest (:class:`~lightning_lmdb.sources.ManifestOptions`).
     """
 
     def __init__(
@@ -424,14 +454,30 @@ class RawImageDataset(_ImageDataset):
         decode_size: int | None = None,
         indices: Sequence[int] | None = None,
         exclude: Collection[str] = (),
+        manifest: ManifestOptions | None = None,
     ):
+        self._from_scan(scan_source(root, manifest), transform, target_transform, decoder, decode_size, indices, exclude)
+
+    @classmethod
+    def from_scan(cls, scan: SourceScan, transform: Callable[[Any], Any] | None = None, *,
+                  exclude: Collection[str] = ()) -> RawImageDataset:
+        """The samples of a source scanned already (:func:`lightning_lmdb.sources.scan_source`), ``exclude`` left out."""
+        dataset = cls.__new__(cls)
+        dataset._from_scan(scan, transform, None, "pil", None, None, exclude)
+        return dataset
+
+    def _from_scan(self, scan: SourceScan, transform: Callable[[Any], Any] | None, target_transform: Callable[[Any], Any] | None,
+                   decoder: str, decode_size: int | None, indices: Sequence[int] | None, exclude: Collection[str]) -> None:
         check_decoding(decoder, decode_size)
-        scan = scan_source(root)
         self.root = str(scan.root)
         kept = [f for f in scan.files if f.relpath not in exclude] if exclude else scan.files
-        self._targets = np.array([f.target for f in kept], dtype=np.int32)
+        width = len(scan.classes) if scan.target_kind == "multilabel" else len(scan.target_names)
+        self._targets = TargetTable.pack(str(scan.target_kind), [f.target for f in kept], width).freeze()
         self._paths = fmt.PathTable.from_strings(f.relpath for f in kept)
-        super().__init__(scan.classes, scan.class_to_idx, len(kept), transform, target_transform, indices, decoder, decode_size)
+        names = list(scan.split_names or [])
+        self._splits = np.array([names.index(f.split) for f in kept], dtype=np.uint8) if names else None
+        super().__init__(scan.classes, scan.class_to_idx, len(kept), transform, target_transform, indices, decoder, decode_size,
+                         (str(scan.target_kind), list(scan.target_names), names))
 
     @classmethod
     def from_metadata(
@@ -439,7 +485,7 @@ class RawImageDataset(_ImageDataset):
         root: str | os.PathLike[str],
         meta: fmt.Metadata,
         transform: Callable[[Any], Any] | None = None,
-        target_transform: Callable[[int], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
         *,
         decoder: str = "pil",
         decode_size: int | None = None,
@@ -461,17 +507,21 @@ class RawImageDataset(_ImageDataset):
             raise ValueError("from_metadata needs metadata read with arrays=True (the paths).")
         dataset = cls.__new__(cls)
         dataset.root = str(Path(root).expanduser().resolve())
-        dataset._targets, dataset._paths = meta.targets, meta.paths
+        dataset._targets, dataset._paths, dataset._splits = meta.target_table(), meta.paths, meta.splits
         _ImageDataset.__init__(dataset, meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder,
-                               decode_size)
+                               decode_size, kind_of(meta))
         return dataset
 
     def files(self) -> list[str]:
         """Absolute path of every image file of the folder (all samples, not only this view's)."""
         return [os.path.join(self.root, p) for p in self._paths.tolist()]
 
-    def _all_targets(self) -> np.ndarray:
+    def _all_targets(self) -> TargetTable:
         return self._targets
+
+    def rows_of_split(self, name: str) -> np.ndarray:
+        """The samples (positions among all of them) the source put in split ``name`` (see :attr:`split_names`)."""
+        return np.flatnonzero(self._splits == self.split_names.index(name)) if name in self.split_names else np.zeros(0, np.int64)
 
     def _path_table(self) -> fmt.PathTable:
         return self._paths

@@ -21,24 +21,33 @@ from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension, make_dataset
 
-from lightning_lmdb.errors import NotRegularFileError, SourceError
-from lightning_lmdb.sources import NO_TARGET, PrefixFingerprint, SourceFile, SourceScan, not_regular_reason, read_file
+from lightning_lmdb.errors import NotRegularFileError, OptionError, SourceError
+from lightning_lmdb.sources import NO_TARGET, ManifestOptions, PrefixFingerprint, SourceFile, SourceScan, not_regular_reason, read_file
 
-__all__ = ["NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "SourceScan", "accepts", "classes", "has_samples",
-           "read_file", "scan", "scan_folder"]
-
-
-def accepts(path: Path) -> bool:
-    """Whether ``path`` is a folder (this source kind; see :mod:`lightning_lmdb.sources`)."""
-    return path.is_dir()
+__all__ = ["NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "ManifestOptions", "SourceScan", "accepts", "classes",
+           "has_samples", "read_file", "scan", "scan_folder"]
 
 
-def scan(source: str | os.PathLike[str]) -> SourceScan:
+def accepts(source: object) -> bool:
+    """Whether ``source`` is a folder (this source kind; see :mod:`lightning_lmdb.sources`)."""
+    return isinstance(source, Path) and source.is_dir()
+
+
+def _no_options(folder: Path, options: ManifestOptions | None) -> None:
+    """A folder's labels are its class folders: refuse manifest options instead of ignoring them."""
+    if options is not None and not options.is_default():
+        given = ", ".join(f"{name}={value!r}" for name, value in options.as_dict().items())
+        raise OptionError(f"{given}: these options read a manifest, but {str(folder)!r} is an image folder (its labels are its class "
+                          "folders). Pass a manifest (.csv, .tsv, .jsonl) instead, or leave these options unset.")
+
+
+def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
     """The source-kind entry (:mod:`lightning_lmdb.sources`): :func:`scan_folder`."""
+    _no_options(source, options)
     return scan_folder(source)
 
 
-def has_samples(folder: Path) -> bool:
+def has_samples(folder: Path, options: ManifestOptions | None = None) -> bool:
     """Whether ``folder`` holds at least one file named like an image, anywhere below it; stops at the first one found.
 
     Cheap on a large folder (one listing of the folder and of its first class folder); a folder that
@@ -47,8 +56,9 @@ def has_samples(folder: Path) -> bool:
     return any(has_file_allowed_extension(name, IMG_EXTENSIONS) for _, _, files in os.walk(folder, followlinks=True) for name in files)
 
 
-def classes(folder: Path) -> tuple[list[str], dict[str, int]]:
+def classes(folder: Path, options: ManifestOptions | None = None) -> tuple[list[str], dict[str, int]]:
     """The class folders, as ``ImageFolder`` finds them (none for a flat folder); one listing, no scan."""
+    _no_options(folder, options)
     try:
         found, class_to_idx = find_classes(folder)
     except FileNotFoundError:  # a flat folder

@@ -1,7 +1,11 @@
 """The on-disk contract of a lightning_lmdb database.
 
-Layout (format version 2, written by this version)
---------------------------------------------------
+Layout (format versions 2 and 3, written by this version)
+---------------------------------------------------------
+
+Version 3 is version 2 plus typed targets and splits; a database is written in the lowest version that
+holds it -- 2 for class targets (or none) without splits, which earlier releases read too, 3 otherwise, which
+they refuse ("upgrade") rather than serve ``-1`` for every target (:func:`version_for`).
 
 A database is **one LMDB file** (``subdir=False``), e.g. ``train.lmdb``. Readers open it read-only
 with ``lock=False``, so no lock file is needed beside it and a read-only filesystem works.
@@ -13,10 +17,13 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
   ``meta/codecs`` says which.
 
 * Key ``meta`` of the main database: the **header**, small UTF-8 JSON (never pickle) whatever the
-  number of records: ``format`` (``"lightning_lmdb"``), ``version`` (2), ``count``, ``storage``,
+  number of records: ``format`` (``"lightning_lmdb"``), ``version`` (2 or 3), ``count``, ``storage``,
   ``classes``, ``class_to_idx``, ``checksum`` (the per-record digest algorithm, ``blake2b-64``),
   ``source`` (``root``, ``num_files``, ``bytes``, ``fingerprint`` over paths, targets, sizes and
-  mtimes), ``options`` (the build options that shape the contents), ``skipped`` (list of
+  mtimes), ``target_kind`` (``class``, ``none``, ``multilabel`` or ``regression``; absent from older files: ``class``
+  with classes, else ``none``), ``target_names`` (version 3, regression: the K names), ``split_names`` (version 3,
+  when the source has a split column: the split names in order), ``options`` (the build options that shape the
+  contents), ``skipped`` (list of
   ``{"path", "reason"}``), ``created``, ``library_version``, ``build_id`` (a random identity of
   this build) and ``arrays``: the hex ``blake2b-128`` digest of each array below.
   A shard of a sharded build (:mod:`lightning_lmdb.shards`) also has ``shard``: ``index``, ``of``,
@@ -25,7 +32,11 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
 * Key ``meta/digest``: the ``blake2b-128`` digest (16 raw bytes) of the header bytes.
 * The per-record arrays, each one LMDB value, little-endian, no framing:
 
-  - ``meta/targets``: ``int32`` per record (``-1`` for unlabelled images);
+  - ``meta/targets``: ``int32`` per record: the class index (``-1`` for unlabelled images and the other kinds);
+  - ``meta/labels`` and ``meta/label-offsets`` (version 3, ``multilabel``): each record's class indices (``int32``),
+    concatenated, and ``int64`` per record plus one: record ``i``'s are ``labels[offsets[i]:offsets[i+1]]``;
+  - ``meta/values`` (version 3, ``regression``): ``float32``, K per record;
+  - ``meta/splits`` (version 3, with ``split_names``): ``uint8`` per record, its split's index in ``split_names``;
   - ``meta/checksums``: 8 raw bytes per record, the ``blake2b-64`` digest of its value;
   - ``meta/paths``: the records' relative source paths, UTF-8 (undecodable bytes of a file name kept
     with ``surrogateescape``), concatenated;
@@ -97,9 +108,16 @@ from lightning_lmdb.fsops import (  # noqa: F401
     write_atomically,
 )
 from lightning_lmdb.jsonfields import JsonFields
+from lightning_lmdb.sources import TARGET_KINDS
+from lightning_lmdb.targets import TargetTable
 
 FORMAT_NAME = "lightning_lmdb"
-FORMAT_VERSION = 2
+#: The newest format version this library reads and writes.
+FORMAT_VERSION = 3
+#: The version written for class targets (or none) without splits: what earlier releases read.
+BASE_VERSION = 2
+#: The version of the ``progress`` record of a build in progress (unchanged by version 3: a partial build resumes across it).
+PROGRESS_VERSION = 2
 RECORDS_DB = b"records"
 META_KEY = b"meta"
 META_DIGEST_KEY = b"meta/digest"
@@ -116,7 +134,16 @@ ARRAYS: dict[str, tuple[bytes, str, int, int]] = {
     "paths": (b"meta/paths", "u1", 0, 0),  # a blob: its length is given by the offsets
     "path_offsets": (b"meta/path-offsets", "<i8", 1, 1),
     "codecs": (b"meta/codecs", "u1", 1, 0),  # absent from databases written before it
+    "labels": (b"meta/labels", "<i4", 0, 0),  # version 3, multilabel: a blob, its length given by the offsets
+    "label_offsets": (b"meta/label-offsets", "<i8", 1, 1),
+    "values": (b"meta/values", "<f4", 0, 0),  # version 3, regression: K per record (checked by the reader)
+    "splits": (b"meta/splits", "u1", 1, 0),  # version 3, with split_names
 }
+
+
+def version_for(target_kind: str, split_names: list[str]) -> int:
+    """The format version a database with these targets and splits is written in (the lowest that holds it)."""
+    return BASE_VERSION if target_kind in ("class", "none") and not split_names else FORMAT_VERSION
 
 
 def record_key(index: int) -> bytes:
@@ -240,9 +267,10 @@ class Metadata:
     """The validated metadata of a finished database (see the module docstring for the layout).
 
     Read it with :func:`read_meta` and by attribute. ``targets`` and ``codecs`` are always there (read-only
-    ``int32`` and ``uint8`` arrays; ``codecs`` of an older database is its storage's one codec); ``paths``
-    (a :class:`PathTable`) and ``checksums`` (``count x 8`` bytes) are ``None`` unless asked for
-    (``read_meta(..., arrays=True)``; version 1 databases always carry them).
+    ``int32`` and ``uint8`` arrays; ``codecs`` of an older database is its storage's one codec), and so are the typed
+    targets of its kind (``labels`` / ``label_offsets``, ``values``) and ``splits``; ``paths`` (a :class:`PathTable`) and
+    ``checksums`` (``count x 8`` bytes) are ``None`` unless asked for (``read_meta(..., arrays=True)``; version 1
+    databases always carry them). :meth:`target_table` gives the targets as a dataset serves them.
     """
 
     version: int
@@ -262,13 +290,31 @@ class Metadata:
     paths: PathTable | None = None
     checksums: np.ndarray | None = None
     shard: ShardInfo | None = None
+    target_kind: str = ""  # "": "class" with classes, else "none" (set in __post_init__)
+    target_names: list[str] = dataclasses.field(default_factory=list)
+    labels: np.ndarray | None = None
+    label_offsets: np.ndarray | None = None
+    values: np.ndarray | None = None
+    split_names: list[str] = dataclasses.field(default_factory=list)
+    splits: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if not self.target_kind:
+            object.__setattr__(self, "target_kind", "class" if self.classes else "none")
+
+    def target_table(self) -> TargetTable:
+        """The targets as a dataset serves them (:class:`~lightning_lmdb.targets.TargetTable`)."""
+        width = len(self.classes) if self.target_kind == "multilabel" else len(self.target_names)
+        return TargetTable(self.target_kind, self.targets, width if self.target_kind in ("multilabel", "regression") else 0,
+                           labels=self.labels, offsets=self.label_offsets,
+                           values=None if self.values is None else self.values.reshape(self.count, width))
 
     def header(self) -> dict[str, Any]:
-        """The format-2 header JSON object, without ``arrays``."""
+        """The header JSON object (version 2 or 3, :func:`version_for`), without ``arrays``."""
         return {
             **({"shard": dataclasses.asdict(self.shard)} if self.shard is not None else {}),
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": version_for(self.target_kind, self.split_names),
             "count": self.count,
             "storage": self.storage,
             "classes": self.classes,
@@ -280,6 +326,9 @@ class Metadata:
             "created": self.created,
             "library_version": self.library_version,
             "build_id": self.build_id,
+            "target_kind": self.target_kind,
+            **({"target_names": self.target_names} if self.target_names else {}),
+            **({"split_names": self.split_names} if self.split_names else {}),
         }
 
 
@@ -327,13 +376,44 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
                 raise DatabaseError(f"Path offsets of {str(path)!r} do not index its path blob: the database is damaged; rebuild it.")
             paths = PathTable(blob, offsets)
             checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
-        meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs)
+        meta = _typed(get, read, _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs))
         if "shard" in obj:
             shard = JsonFields(get("shard", dict), path, "shard.")
             info = ShardInfo(*(shard(name, int) for name in ("index", "of", "start", "stop", "scan_files")),
                              shard("scan_fingerprint", str))
             meta = dataclasses.replace(meta, shard=info)
         return meta
+
+
+def _typed(get: JsonFields, read: _ArrayReader, meta: Metadata) -> Metadata:
+    """``meta`` with its target kind, typed targets and splits (version 3 fields; absent from older files), each checked."""
+    kind = get("target_kind", str) if "target_kind" in get.obj else meta.target_kind
+    if kind not in TARGET_KINDS:
+        get.fail("target_kind", f"is {kind!r}, not one of {TARGET_KINDS} (a newer lightning_lmdb built it: upgrade)")
+    names = get.list_of("target_names", str) if "target_names" in get.obj else []
+    split_names = get.list_of("split_names", str) if "split_names" in get.obj else []
+    typed: dict[str, Any] = {"target_kind": kind, "target_names": names, "split_names": split_names}
+    if kind == "multilabel":
+        offsets, labels = read("label_offsets"), read("labels")
+        if offsets[0] != 0 or offsets[-1] != len(labels) or np.any(np.diff(offsets) < 0):
+            get.fail("arrays", "holds label offsets that do not index its labels")
+        if len(labels) and (labels.min() < 0 or labels.max() >= len(meta.classes)):
+            get.fail("arrays", f"holds a label outside its {len(meta.classes)} classes")
+        typed.update(labels=labels, label_offsets=offsets)
+    elif kind == "regression":
+        values = read("values")
+        if not names or len(values) != meta.count * len(names):
+            get.fail("arrays", f"holds {len(values)} regression values for {meta.count} records of {len(names)} values")
+        typed["values"] = values
+    if split_names:
+        splits = read("splits")
+        if len(splits) and int(splits.max()) >= len(split_names):
+            get.fail("arrays", f"holds a split index outside its {len(split_names)} split names")
+        typed["splits"] = splits
+    for array in (typed.get("labels"), typed.get("label_offsets"), typed.get("values"), typed.get("splits")):
+        if array is not None:
+            array.flags.writeable = False
+    return dataclasses.replace(meta, **typed)
 
 
 def _check_version(obj: Any, path: str | os.PathLike[str]) -> int:
@@ -439,6 +519,10 @@ def write_meta(txn: lmdb.Transaction, meta: Metadata) -> None:
         "path_offsets": np.ascontiguousarray(meta.paths.offsets, dtype="<i8").tobytes(),
         "codecs": np.ascontiguousarray(meta.codecs, dtype=np.uint8).tobytes(),
     }
+    typed = {"labels": (meta.labels, "<i4"), "label_offsets": (meta.label_offsets, "<i8"), "values": (meta.values, "<f4"),
+             "splits": (meta.splits, np.uint8)}
+    values.update({name: np.ascontiguousarray(array, dtype=dtype).reshape(-1).tobytes()
+                   for name, (array, dtype) in typed.items() if array is not None})
     header = dump_json({**meta.header(), "arrays": {name: _digest(value).hex() for name, value in values.items()}})
     for name, value in values.items():
         txn.put(ARRAYS[name][0], value)

@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args
 
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.errors import OptionError
+from lightning_lmdb.sources import ManifestOptions
 
 Storage = Literal["auto", "encoded", "decoded"]
 OnError = Literal["raise", "skip"]
@@ -27,7 +28,8 @@ CHOICES: dict[str, tuple[str, ...]] = {"storage": get_args(Storage), "on_error":
 CONTENT_OPTIONS = ("storage", "max_pixels", "resize", "quality")
 #: The options that give ``LMDBDataModule`` a database of its own (:meth:`BuildOptions.cache_key`; ``quality`` only with
 #: ``resize``): changing one builds another file beside the first, so switching back finds the first still built. The
-#: other content option, ``max_pixels``, rebuilds the same database in place (its stale check compares it); the rest
+#: other content option, ``max_pixels``, rebuilds the same database in place (its stale check compares it), as does
+#: ``manifest`` (how a manifest is read changes the source's fingerprint); the rest
 #: (``workers``, ``on_error``, ``on_stale``, ``overwrite``, ``commit_every``, ``progress``, ``shard``) change how a build
 #: runs, not which database it is.
 CACHE_KEY_OPTIONS = ("storage", "resize", "quality", "shards")
@@ -61,6 +63,8 @@ class BuildOptions:
             at a time, reading and decoding in that process.
         shard: With ``shards``: build this shard alone (``0 <= shard < shards``), e.g. one task of a job array;
             whichever build completes the last shard writes the manifest.
+        manifest: How to read a manifest source (:class:`~lightning_lmdb.sources.ManifestOptions`, or a mapping of its
+            fields); its fields may also be given by name to :meth:`replace` and ``build_lmdb`` (``label_column="tags"``).
 
     Raises:
         ValueError: A value out of range or not one of the choices (named, with the valid values).
@@ -78,8 +82,10 @@ class BuildOptions:
     progress: bool = True
     shards: int | None = None
     shard: int | None = None
+    manifest: ManifestOptions = ManifestOptions()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "manifest", ManifestOptions.of(self.manifest))
         for name, choices in CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
@@ -127,5 +133,9 @@ class BuildOptions:
         return "".join(f"\0{part}" for part in parts)
 
     def replace(self, **changes: Any) -> BuildOptions:
-        """A copy with some options changed (validated again)."""
+        """A copy with some options changed (validated again); a field of :class:`ManifestOptions` changes ``manifest``'s."""
+        fields = {f.name for f in dataclasses.fields(ManifestOptions)}
+        manifest = {name: changes.pop(name) for name in list(changes) if name in fields}
+        if manifest:
+            changes["manifest"] = dataclasses.replace(ManifestOptions.of(changes.get("manifest", self.manifest)), **manifest)
         return dataclasses.replace(self, **changes)

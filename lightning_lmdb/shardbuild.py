@@ -62,7 +62,7 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     existing = _existing_sharded_meta(folder)
     if existing is not None and options.on_stale == "ignore" and not options.overwrite:
         return BuildReport(folder, "up-to-date", 0, existing[0].count, existing[0].skipped)
-    scan = scan_source(source_root)
+    scan = scan_source(source_root, options.manifest)
     if count_of > len(scan.files):
         raise OptionError(f"shards={count_of} is more than the {len(scan.files)} images of {str(source_root)!r}; choose at most "
                          f"{len(scan.files)}.")

@@ -152,7 +152,7 @@ def _check_one_build(folder: Path, metas: list[fmt.Metadata]) -> None:
         shard = meta.shard
         name = shard_name(index, len(metas))
         problem = None
-        if shard is None or meta.version != fmt.FORMAT_VERSION:
+        if shard is None or meta.version != fmt.version_for(meta.target_kind, meta.split_names):
             problem = "is not a shard of a sharded build (no shard header)"
         elif (shard.index, shard.of) != (index, len(metas)):
             problem = f"says it is shard {shard.index} of {shard.of}"
@@ -164,7 +164,8 @@ def _check_one_build(folder: Path, metas: list[fmt.Metadata]) -> None:
                 "rebuilds the shards that do not match the source now.")
         elif shard.start != stop:
             problem = f"starts at file {shard.start}, but the shards before it end at {stop}"
-        elif (meta.storage, _content(meta), meta.classes) != (first.storage, _content(first), first.classes):
+        elif (meta.storage, _content(meta), meta.classes, meta.target_kind, meta.target_names, meta.split_names) != (
+                first.storage, _content(first), first.classes, first.target_kind, first.target_names, first.split_names):
             problem = "was built with other options or classes than shard 0"
         if problem:
             raise fmt.DatabaseError(f"{str(folder / name)!r} {problem}. Rebuild it: lightning-lmdb build SOURCE {folder} "
@@ -191,7 +192,7 @@ def _manifest(folder: Path, metas: list[fmt.Metadata], digests: list[str | None]
         offset += meta.count
     return {
         "format": fmt.FORMAT_NAME,
-        "version": fmt.FORMAT_VERSION,
+        "version": first.version,
         "layout": "sharded",
         "count": offset,
         "storage": first.storage,
@@ -207,5 +208,8 @@ def _manifest(folder: Path, metas: list[fmt.Metadata], digests: list[str | None]
         "created": max(m.created for m in metas),
         "library_version": first.library_version,
         "build_id": hashlib.blake2b("\0".join(ids).encode("ascii"), digest_size=16).hexdigest(),
+        "target_kind": first.target_kind,
+        **({"target_names": first.target_names} if first.target_names else {}),
+        **({"split_names": first.split_names} if first.split_names else {}),
         "shards": entries,
     }

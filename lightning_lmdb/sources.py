@@ -1,57 +1,193 @@
 """Sources: what a database is built from, scanned through one entry point, :func:`scan_source`.
 
 Every consumer (the builder, the raw datasets, the DataModule's backends, ``verify``) calls
-:func:`scan_source` and reads the :class:`SourceScan` it returns: the classes, and per sample a file
-path, a path relative to the source's root, a target, a size and a modification time.
+:func:`scan_source` and reads the :class:`SourceScan` it returns: the classes and the target kind, and
+per sample a file path, a path relative to the source's root, a typed target (see :data:`Target`), an
+optional split name, a size and a modification time.
 
 **Adding a source kind** is one module plus one line here: the module defines
 
-* ``accepts(path) -> bool``: is this path of my kind (cheap: no scan);
-* ``scan(path) -> SourceScan``: the full scan (the builder and the raw datasets);
-* ``has_samples(path) -> bool``: a cheap check that it lists at least one image (``LMDBDataModule``
-  refuses an empty source at construction, before any build);
-* ``classes(path) -> (classes, class_to_idx)``: the classes, as cheaply as the kind allows
+* ``accepts(source) -> bool``: is this source of my kind (cheap: no scan; ``source`` is a
+  ``pathlib.Path`` for anything path-like, else the object as given);
+* ``scan(source, options) -> SourceScan``: the full scan (the builder and the raw datasets);
+* ``has_samples(source, options) -> bool``: a cheap check that it lists at least one image
+  (``LMDBDataModule`` refuses an empty source at construction, before any build);
+* ``classes(source, options) -> (classes, class_to_idx)``: the classes, as cheaply as the kind allows
   (``LMDBDataModule.num_classes`` before ``setup``);
+* optionally ``labels(source, options) -> Labels``: the classes and the target kind, as cheaply as the kind allows,
+  for a kind whose targets are not only classes (without it, the target kind is ``"class"`` when there are classes,
+  else ``"none"``); :func:`labels_of` asks it;
 
-and its name goes in :data:`SOURCE_KINDS`, tried in order. Today there is one kind,
-:mod:`lightning_lmdb.folder` (an ImageFolder-layout or flat folder).
+(``options`` is a :class:`ManifestOptions`) and its name goes in :data:`SOURCE_KINDS`, tried in order:
+:mod:`lightning_lmdb.manifest` (a CSV / TSV / JSON Lines file, or a folder holding ``metadata.csv`` /
+``metadata.jsonl``), then :mod:`lightning_lmdb.folder` (an ImageFolder-layout or flat folder).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Literal, get_args
 
-from lightning_lmdb.errors import NotRegularFileError
+from lightning_lmdb.errors import NotRegularFileError, OptionError
 
 #: Target given to every sample of a source without labels (e.g. a flat folder).
 NO_TARGET = -1
-#: The modules of the source kinds, tried in order by :func:`scan_source` (each defines ``accepts`` and ``scan``).
-SOURCE_KINDS: tuple[str, ...] = ("lightning_lmdb.folder",)
+#: The modules of the source kinds, tried in order by :func:`scan_source`.
+SOURCE_KINDS: tuple[str, ...] = ("lightning_lmdb.manifest", "lightning_lmdb.folder", "lightning_lmdb.datasource")
+
+#: What a sample's target is: ``"class"`` (an index into the classes), ``"multilabel"`` (a set of class indices, served as a
+#: float32 multi-hot tensor), ``"regression"`` (K numbers, served as a float32 tensor) or ``"none"`` (no label: ``-1``).
+TargetKind = Literal["class", "multilabel", "regression", "none"]
+TARGET_KINDS: tuple[str, ...] = get_args(TargetKind)
+#: One sample's target as a scan holds it: a class index (``"class"``; ``NO_TARGET`` for ``"none"``), a sorted tuple of
+#: class indices (``"multilabel"``) or a tuple of K floats (``"regression"``).
+Target = int | tuple[int, ...] | tuple[float, ...]
 
 
-def kind_of(source: str | os.PathLike[str]) -> ModuleType | None:
-    """The module of the first source kind of :data:`SOURCE_KINDS` that accepts ``source``; ``None`` if none does."""
-    path = Path(source).expanduser()
-    return next((kind for kind in map(importlib.import_module, SOURCE_KINDS) if kind.accepts(path)), None)
+@dataclass(frozen=True)
+class ManifestOptions:
+    """How to read a manifest's images and targets (a folder takes none of them; a packed ``Dataset`` takes ``target_kind``
+    and ``classes``).
 
-
-def scan_source(source: str | os.PathLike[str]) -> SourceScan:
-    """Scan ``source`` with the first source kind of :data:`SOURCE_KINDS` that accepts it.
+    Attributes:
+        root: The folder a manifest's relative image paths are relative to (and must stay inside); ``None``: the
+            manifest's own folder.
+        path_column: The image column; ``None``: ``path``, else Hugging Face's ``file_name``.
+        label_column: The target column (several, comma-separated or a list, for a regression target of K numbers);
+            ``None``: ``label`` when the manifest has it, else no target.
+        split_column: The split column (``train`` / ``val`` / ``test`` per row); ``None``: ``split`` when present.
+        target_kind: One of :data:`TARGET_KINDS`; ``None`` infers it from the values (names or integers: class;
+            lists: multi-label; other numbers: regression).
+        label_sep: Splits a CSV label cell into several labels (a multi-label target), e.g. ``"|"``.
+        classes: The class names in index order; ``None``: the sorted names found (as ``ImageFolder`` sorts folders).
+        version: A packed ``Dataset``'s version, chosen by you: its database is rebuilt when this (or its length) changes.
 
     Raises:
-        FileNotFoundError: ``source`` is of no known kind (it does not exist, or is not a folder).
-        SourceError: ``source`` holds no images (the kind's own message).
+        OptionError: A value of the wrong type, or a ``target_kind`` that is not one of :data:`TARGET_KINDS`.
     """
+
+    root: str | None = None
+    path_column: str | None = None
+    label_column: str | tuple[str, ...] | None = None
+    split_column: str | None = None
+    target_kind: TargetKind | None = None
+    label_sep: str | None = None
+    classes: tuple[str, ...] | None = None
+    version: str | int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.label_column, (list, tuple)):
+            object.__setattr__(self, "label_column", tuple(self.label_column))
+            if not self.label_column or not all(isinstance(c, str) and c for c in self.label_column):
+                raise OptionError(f"label_column={list(self.label_column)!r} must name one or more columns.")
+        elif isinstance(self.label_column, str) and "," in self.label_column:
+            object.__setattr__(self, "label_column", tuple(c.strip() for c in self.label_column.split(",")))
+        if self.classes is not None:
+            if isinstance(self.classes, str) or not all(isinstance(c, str) and c for c in self.classes):
+                raise OptionError(f"classes={self.classes!r} must be a list of class names.")
+            object.__setattr__(self, "classes", tuple(self.classes))
+            if len(set(self.classes)) != len(self.classes):
+                raise OptionError(f"classes={list(self.classes)!r} names a class twice.")
+        if self.target_kind is not None and self.target_kind not in TARGET_KINDS:
+            raise OptionError(f"target_kind={self.target_kind!r} is not one of {', '.join(map(repr, TARGET_KINDS))} (or None to infer it).")
+        for name in ("root", "path_column", "split_column", "label_sep"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (str, os.PathLike)) or value == ""):
+                raise OptionError(f"{name}={value!r} must be a non-empty string, or None.")
+        if self.root is not None:
+            object.__setattr__(self, "root", os.fspath(self.root))
+
+    def is_default(self) -> bool:
+        """Whether every field is left at its default (a folder takes no options)."""
+        return self == ManifestOptions()
+
+    @classmethod
+    def of(cls, value: ManifestOptions | Mapping[str, Any] | None) -> ManifestOptions:
+        """``value`` as options: itself, a mapping of fields (e.g. a Hydra ``data.manifest`` node), or the defaults for ``None``.
+
+        Raises:
+            OptionError: A key that is not a field (named, with the valid ones), or a bad value.
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise OptionError(f"manifest option(s) {', '.join(map(repr, unknown))} unknown; the options are {', '.join(fields)}.")
+        return cls(**{k: (tuple(v) if isinstance(v, list) or type(v).__name__ == "ListConfig" else v) for k, v in value.items()})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options that are set, as plain JSON values (what a database records of how its source was read)."""
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name, value in dataclasses.asdict(self).items() if value is not None}
+
+
+def _as_source(source: Any) -> Any:
+    return Path(source).expanduser() if isinstance(source, (str, os.PathLike)) else source
+
+
+def kind_of(source: Any) -> ModuleType | None:
+    """The module of the first source kind of :data:`SOURCE_KINDS` that accepts ``source``; ``None`` if none does."""
+    given = _as_source(source)
+    return next((kind for kind in map(importlib.import_module, SOURCE_KINDS) if kind.accepts(given)), None)
+
+
+@dataclass(frozen=True)
+class Labels:
+    """What a source's targets are, without its samples (:func:`labels_of`)."""
+
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    target_kind: str
+    target_names: list[str] = field(default_factory=list)
+
+
+def labels_of(source: Any, options: ManifestOptions | None = None) -> Labels:
+    """The classes and target kind of ``source``, as cheaply as its kind allows (no image is looked at).
+
+    Raises:
+        FileNotFoundError: ``source`` is of no known kind.
+    """
+    kind = _kind_or_raise(source)
+    given, options = _as_source(source), options or ManifestOptions()
+    if hasattr(kind, "labels"):
+        return kind.labels(given, options)
+    classes, class_to_idx = kind.classes(given, options)
+    return Labels(list(classes), dict(class_to_idx), "class" if classes else "none")
+
+
+def _kind_or_raise(source: Any) -> ModuleType:
     kind = kind_of(source)
     if kind is None:
-        raise FileNotFoundError(f"Source folder {str(source)!r} does not exist or is not a folder. Pass the folder that holds your images.")
-    return kind.scan(source)
+        raise FileNotFoundError(
+            f"Source {str(source)!r} does not exist or is neither a folder nor a manifest (.csv, .tsv, .jsonl). "
+            "Pass the folder that holds your images, or a manifest listing them."
+        )
+    return kind
+
+
+def scan_source(source: Any, options: ManifestOptions | None = None) -> SourceScan:
+    """Scan ``source`` with the first source kind of :data:`SOURCE_KINDS` that accepts it.
+
+    Args:
+        source: A folder, a manifest file, or whatever another source kind accepts.
+        options: How to read it (default :class:`ManifestOptions`).
+
+    Raises:
+        FileNotFoundError: ``source`` is of no known kind (it does not exist, or is neither a folder nor a manifest).
+        SourceError: ``source`` holds no images, or a manifest is malformed (the kind's own message).
+    """
+    return _kind_or_raise(source).scan(_as_source(source), options or ManifestOptions())
 
 
 @dataclass(frozen=True)
@@ -60,17 +196,23 @@ class SourceFile:
 
     Attributes:
         path: Absolute path of the file.
-        relpath: Path relative to the source root, with ``/`` separators.
-        target: Class index, or ``NO_TARGET`` for a source without labels.
+        relpath: Path relative to the source root, with ``/`` separators (an absolute path for a manifest row that
+            names one outside the root).
+        target: The sample's :data:`Target`: a class index, ``NO_TARGET`` for a source without labels, a tuple of class
+            indices (multi-label) or of floats (regression).
         size: File size in bytes at scan time.
         mtime_ns: Modification time in nanoseconds at scan time.
+        split: The split the source puts it in (a manifest's split column), ``""`` when it says none.
+        origin: Where the source lists it, for error messages (e.g. ``"labels.csv line 7"``); ``""`` for a folder.
     """
 
     path: str
     relpath: str
-    target: int
+    target: Target
     size: int
     mtime_ns: int
+    split: str = ""
+    origin: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,8 +223,18 @@ class SourceScan:
         root: The resolved source (the folder the relative paths are relative to).
         classes: Class names in index order (empty without labels).
         class_to_idx: Class name to index.
-        files: Samples in the source's order (ImageFolder order for a folder).
-        special: ``(relpath, reason)`` of entries named like images that are not regular files.
+        files: Samples in the source's order (ImageFolder order for a folder, the rows' order for a manifest).
+        special: ``(relpath, reason)`` of entries that cannot be samples: files named like images that are not regular
+            files, manifest rows with a bad label or path (the reason names the row). The builder refuses them, or
+            skips and records them with ``on_error="skip"``.
+        target_kind: One of :data:`TARGET_KINDS`; ``None``: ``"class"`` with classes, else ``"none"``.
+        target_names: The K names of a regression target (its columns).
+        identity: Text that says how the source was read (a manifest's columns, kind and classes), folded into the
+            fingerprint; ``""`` for a folder.
+        split_names: The split names the files carry, in order of first appearance (``[]`` when the source has no
+            splits); computed from ``files`` when not given.
+        targets_from_records: The targets are known only once each sample is read (a packed ``Dataset``): the readers
+            return them with the records, and ``files``' targets are placeholders.
     """
 
     root: Path
@@ -90,6 +242,17 @@ class SourceScan:
     class_to_idx: dict[str, int]
     files: list[SourceFile]
     special: list[tuple[str, str]] = field(default_factory=list)
+    target_kind: str | None = None
+    target_names: list[str] = field(default_factory=list)
+    identity: str = ""
+    split_names: list[str] | None = None
+    targets_from_records: bool = False
+
+    def __post_init__(self) -> None:
+        if self.target_kind is None:
+            object.__setattr__(self, "target_kind", "class" if self.classes else "none")
+        if self.split_names is None:  # kept by dataclasses.replace: a shard's range of the files has the whole scan's splits
+            object.__setattr__(self, "split_names", list(dict.fromkeys(f.split for f in self.files if f.split)))
 
     @property
     def total_bytes(self) -> int:
@@ -101,19 +264,26 @@ class SourceScan:
 
         Any file added, removed, renamed, relabelled or modified changes it.
         """
-        return PrefixFingerprint(self.files).advance(len(self.files) if stop is None else stop)
+        return PrefixFingerprint(self.files, self.identity).advance(len(self.files) if stop is None else stop)
 
 
 class PrefixFingerprint:
-    """Fingerprints of growing prefixes of a file list, computed incrementally (each file hashed once)."""
+    """Fingerprints of growing prefixes of a file list, computed incrementally (each file hashed once).
 
-    def __init__(self, files: list[SourceFile]):
+    A file's split is hashed only when it has one, and ``identity`` only when given, so a folder's
+    fingerprints are those of earlier versions (its databases stay current).
+    """
+
+    def __init__(self, files: list[SourceFile], identity: str = ""):
         self._files, self._done, self._digest = files, 0, hashlib.sha256()
+        if identity:
+            self._digest.update(f"{identity}\0".encode("utf-8", "surrogatepass"))
 
     def advance(self, stop: int) -> str:
         """The fingerprint of ``files[:stop]``; ``stop`` must not decrease between calls."""
         for f in self._files[self._done : stop]:
-            self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}\n".encode("utf-8", "surrogatepass"))
+            split = f"\0{f.split}" if f.split else ""
+            self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}{split}\n".encode("utf-8", "surrogatepass"))
         self._done = max(self._done, stop)
         return self._digest.copy().hexdigest()
 

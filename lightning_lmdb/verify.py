@@ -1,6 +1,7 @@
 """Read a database back: describe it (``info``) and check it record by record (``verify``).
 
 Neither imports torch or torchvision, except ``verify`` with a source folder (scanned as ``ImageFolder`` scans it).
+With a source, ``verify`` also compares each record's target and split with the source's (a manifest relabelled since).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 from lightning_lmdb import database, envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record, record_codec
+from lightning_lmdb.sources import ManifestOptions, SourceScan
 
 
 @dataclass
@@ -63,8 +65,11 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
         "storage": meta.storage,
         "count": meta.count,
         "codecs": codec_counts(meta.codecs),
+        "target_kind": meta.target_kind,
         "num_classes": len(meta.classes),
         "classes": meta.classes,
+        **({"target_names": meta.target_names} if meta.target_names else {}),
+        **({"splits": split_counts(meta)} if meta.split_names else {}),
         "file_bytes": size,
         "source_root": source.root,
         "source_files": source.num_files,
@@ -78,8 +83,15 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
+def split_counts(meta: fmt.Metadata) -> dict[str, int]:
+    """Records per split the source assigned (a manifest's split column), in the order of ``meta.split_names``."""
+    counts = np.bincount(np.asarray(meta.splits), minlength=len(meta.split_names)) if meta.splits is not None else []
+    return {name: int(n) for name, n in zip(meta.split_names, counts, strict=False)}
+
+
 def verify_lmdb(
-    path: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *, allow_skipped: bool = False
+    path: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *, allow_skipped: bool = False,
+    manifest: ManifestOptions | None = None,
 ) -> VerifyReport:
     """Check every record against its stored checksum and, with ``source``, against the source files.
 
@@ -93,15 +105,17 @@ def verify_lmdb(
     bytes or pixels, for a ``resize=`` build -- a JPEG re-encoded by another library build may differ
     by rounding, accepted up to a mean absolute difference of 1 of 255). Reported as problems: source
     files missing from the database (e.g. added after the build), database records no longer in the
-    source (deleted or renamed since), records that differ from their file (modified since). Source
+    source (deleted or renamed since), records that differ from their file (modified since), records whose
+    target or split differs from the source's (a manifest relabelled since). Source
     files the build skipped as unreadable are missing too: they are listed in ``report.skipped`` with
     the reason recorded at build time and fail the check unless ``allow_skipped`` is True.
 
     Args:
         path: The database file or sharded folder.
-        source: The folder it was built from, to compare byte for byte (optional).
+        source: The folder or manifest it was built from, to compare byte for byte (optional).
         allow_skipped: With ``source``, accept source files that the build skipped (they are still
             listed in ``report.skipped``). Without a source, skipped files never fail the check.
+        manifest: How to read ``source`` when it is a manifest (the options it was built with).
 
     Returns:
         A report; ``report.ok`` is True only when everything matches.
@@ -121,8 +135,9 @@ def verify_lmdb(
     else:
         from lightning_lmdb.sources import scan_source  # torchvision's scan: only a check against the source pays for importing torch
 
-        scan = scan_source(source)
+        scan = scan_source(source, manifest)
         files = {f.relpath: f for f in scan.files}
+        report.problems += _compare_targets(meta, paths, scan)
         in_source = files.keys() | {relpath for relpath, _ in scan.special}
         stored = set(paths)
         report.skipped = [s for s in meta.skipped if s.path in in_source and s.path not in stored]
@@ -152,6 +167,31 @@ def verify_lmdb(
                     if problem:
                         report.problems.append(f"record {index}{where} ({relpath}): {problem}")
     return report
+
+
+def _compare_targets(meta: fmt.Metadata, paths: list[str], scan: SourceScan) -> list[str]:
+    """The records whose target or split differs from what the source says now (a manifest relabelled since the build)."""
+    if (scan.target_kind, scan.classes, scan.target_names) != (meta.target_kind, meta.classes, meta.target_names):
+        return [f"the source's targets are {scan.target_kind} over {len(scan.classes) or len(scan.target_names)} classes or values "
+                f"({scan.classes or scan.target_names}), the database's {meta.target_kind} over {meta.classes or meta.target_names}"]
+    stored, splits = meta.target_table().tolist(), meta.splits
+    problems = []
+    files = {f.relpath: f for f in scan.files}
+    for index, relpath in enumerate(paths):
+        file = files.get(relpath)
+        if file is None:
+            continue
+        now: Any = file.target
+        if meta.target_kind == "regression":  # stored as float32
+            now = np.asarray(now, dtype=np.float32).tolist()
+        elif isinstance(now, tuple):
+            now = list(now)
+        if now != stored[index]:
+            problems.append(f"record {index} ({relpath}): target {stored[index]} in the database, {now} in the source (relabelled since)")
+        split = meta.split_names[splits[index]] if splits is not None else ""
+        if file.split != split:
+            problems.append(f"record {index} ({relpath}): split {split!r} in the database, {file.split!r} in the source")
+    return problems
 
 
 def codec_counts(codecs: np.ndarray) -> dict[str, int]:

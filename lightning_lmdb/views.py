@@ -21,6 +21,7 @@ from lightning_lmdb.errors import OptionError
 
 if TYPE_CHECKING:
     from lightning_lmdb import format as fmt
+    from lightning_lmdb.targets import TargetTable
 
 _View = TypeVar("_View", bound="RowView")
 
@@ -125,10 +126,10 @@ class RowView:
         return state
 
     @property
-    def targets(self) -> list[int]:
-        """Target of each sample, in order (``-1`` for unlabelled images)."""
-        rows, targets = self._view_rows(), self._all_targets()
-        return (targets if rows is None else targets[rows]).tolist()
+    def targets(self) -> list[Any]:
+        """Target of each sample, in order: class indices (``-1`` for unlabelled images), lists of class indices
+        (multi-label) or lists of numbers (regression)."""
+        return self._all_targets().tolist(self._view_rows())
 
     @property
     def paths(self) -> list[str]:
@@ -136,7 +137,7 @@ class RowView:
         rows, table = self._view_rows(), self._path_table()
         return table.tolist() if rows is None else [table[int(r)] for r in rows]
 
-    def _all_targets(self) -> np.ndarray:
+    def _all_targets(self) -> TargetTable:
         raise NotImplementedError
 
     def _path_table(self) -> fmt.PathTable:

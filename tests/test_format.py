@@ -17,6 +17,7 @@ from lightning_lmdb import LMDBDataModule, database, envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
 from lightning_lmdb.options import CHOICES, BuildOptions
+from lightning_lmdb.sources import TARGET_KINDS
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
 from lightning_lmdb.writer import build
 
@@ -35,7 +36,7 @@ def test_v2_header_is_small_and_arrays_round_trip(folder_and_db: tuple[Path, Pat
         header = bytes(txn.get(fmt.META_KEY))
     obj = json.loads(header)
     assert obj["version"] == 2 and not {"targets", "paths", "checksums"} & obj.keys() and len(header) < 2000
-    assert set(obj["arrays"]) == set(fmt.ARRAYS)
+    assert set(obj["arrays"]) == {"targets", "checksums", "paths", "path_offsets", "codecs"}, "a class database has no typed-target arrays"
     meta = database.load_meta(db, arrays=True)
     assert meta.version == 2 and meta.count == len(raw) and meta.build_id
     assert meta.targets.dtype == np.int32 and meta.targets.tolist() == raw.targets
@@ -138,7 +139,7 @@ def test_build_options_validate_once_everywhere(tmp_path: Path) -> None:
 
     build_parser = make_parser()._subparsers._group_actions[0].choices["build"]  # type: ignore[union-attr]
     choices = {a.dest: tuple(a.choices) for a in build_parser._actions if a.choices}
-    assert choices == CHOICES, "the CLI offers exactly the declared choices"
+    assert choices == {**CHOICES, "manifest_target_kind": TARGET_KINDS}, "the CLI offers exactly the declared choices"
 
 
 def test_file_lock_makes_a_second_holder_wait_and_says_so(tmp_path: Path) -> None:

@@ -16,9 +16,10 @@ from lightning_lmdb import LMDBDataModule, codec, decoders, decoding, sampler
 from lightning_lmdb.backends import BACKEND_CLASSES
 from lightning_lmdb.cli import build_options, make_parser
 from lightning_lmdb.datamodule import database_name
-from lightning_lmdb.dm_options import BACKENDS
+from lightning_lmdb.dm_options import BACKENDS, manifest_options
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 from lightning_lmdb.options import CACHE_KEY_OPTIONS, CHOICES, BuildOptions
+from lightning_lmdb.sources import ManifestOptions
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: The DataModule's arguments named otherwise in BuildOptions.
@@ -51,7 +52,8 @@ def test_database_names_are_unchanged(folder: Path, storage: str, resize: int | 
 def test_only_the_cache_key_options_give_a_database_of_its_own() -> None:
     base = BuildOptions(resize=64, shards=4)
     other_values = {"storage": "decoded", "workers": 0, "on_error": "skip", "on_stale": "error", "overwrite": True, "max_pixels": 100,
-                    "resize": 32, "quality": 80, "commit_every": 5, "progress": False, "shards": 2, "shard": 1}
+                    "resize": 32, "quality": 80, "commit_every": 5, "progress": False, "shards": 2, "shard": 1,
+                    "manifest": {"label_column": "tags"}}
     assert set(other_values) == {field.name for field in dataclasses.fields(BuildOptions)}, "a new option: say whether it is in the key"
     for name, value in other_values.items():
         changed = base.replace(**{name: value})
@@ -69,9 +71,11 @@ def test_cli_and_datamodule_defaults_are_build_options(tmp_path: Path) -> None:
     parameters = inspect.signature(LMDBDataModule.__init__).parameters
     fields = {field.name for field in dataclasses.fields(BuildOptions)}
     shared = {name: RENAMED.get(name, name) for name in parameters if RENAMED.get(name, name) in fields}
-    assert set(shared) == {"storage", "shards", "resize", "quality", "build_workers", "on_error", "on_stale", "max_pixels"}
+    assert set(shared) == {"storage", "shards", "resize", "quality", "build_workers", "on_error", "on_stale", "max_pixels", "manifest"}
     for name, field in shared.items():
-        assert parameters[name].default == getattr(BuildOptions, field), name
+        default = parameters[name].default
+        # the DataModule's manifest default is None (plain hyper-parameters), which means BuildOptions' ManifestOptions()
+        assert (ManifestOptions.of(default) if name == "manifest" else default) == getattr(BuildOptions, field), name
     dm = LMDBDataModule(make_jpegs(tmp_path / "src", 2, size=8), cache_dir=tmp_path / "cache")
     assert dm.build_options == BuildOptions()
 
@@ -84,7 +88,10 @@ def test_hydra_defaults_are_the_datamodule_defaults() -> None:
     assert set(data) <= set(parameters), f"keys that are no argument: {set(data) - set(parameters)}"
     assert set(DELIBERATE) <= set(data)
     for name, value in data.items():
-        if name not in DELIBERATE:
+        if name == "manifest":  # a node with every option unset (so that data.manifest.label_column=tags works): the default
+            assert value == {field.name: None for field in dataclasses.fields(ManifestOptions)}, value
+            assert manifest_options(value) == ManifestOptions.of(parameters[name].default)
+        elif name not in DELIBERATE:
             assert value == parameters[name].default, f"data.{name}: {value!r} in the configs, {parameters[name].default!r} in __init__"
 
 

@@ -27,7 +27,7 @@ from lightning_lmdb.sources import SourceFile, SourceScan
 def accepts(path):
     return path.suffix == ".list" and path.is_file()
 
-def scan(source):
+def scan(source, options=None):
     listing = Path(source).resolve()
     root, files = listing.parent, []
     for line in listing.read_text().splitlines():
@@ -36,10 +36,10 @@ def scan(source):
         files.append(SourceFile(str(root / relpath), relpath, int(target), st.st_size, st.st_mtime_ns))
     return SourceScan(root=root, classes=["a", "b"], class_to_idx={"a": 0, "b": 1}, files=files)
 
-def has_samples(path):
+def has_samples(path, options=None):
     return bool(path.read_text().strip())
 
-def classes(path):
+def classes(path, options=None):
     return ["a", "b"], {"a": 0, "b": 1}
 '''
 
