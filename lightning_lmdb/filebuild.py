@@ -2,7 +2,10 @@
 
 :class:`_Writer` resumes or starts ``TARGET.partial``, fills it with what the reader pool
 (:mod:`lightning_lmdb.readers`) made of each file, in batched transactions that also record its progress,
-then writes the metadata in the final transaction and renames the file onto ``TARGET``. Its error policy
+then writes the metadata in the final transaction and renames the file onto ``TARGET``. For a source whose
+targets come with its records (``SourceScan.targets_from_records``: a dataset, :mod:`lightning_lmdb.datasource`),
+each record's progress entry also holds its target, checked against the kind as it arrives, and the metadata's
+targets are made from those entries (so a resumed build has the targets of the records committed before). Its error policy
 (``on_error``), progress bar and disk-full diagnosis live here too, with the helpers every build shares: the
 target check, the build lock and the reading of an existing database's metadata. The public entry points
 are :func:`lightning_lmdb.writer.build` and :func:`lightning_lmdb.writer.build_lmdb`.
@@ -10,6 +13,7 @@ are :func:`lightning_lmdb.writer.build` and :func:`lightning_lmdb.writer.build_l
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as _dt
 import errno
@@ -29,9 +33,11 @@ from tqdm import tqdm
 
 from lightning_lmdb import codec, database, envs, fsops, readers
 from lightning_lmdb import format as fmt
+from lightning_lmdb.datasource import FoundTargets, RecordTargets, split_entry
 from lightning_lmdb.errors import BuildError, DiskFullError, SourceError
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.sources import PrefixFingerprint, SourceScan
+from lightning_lmdb.targets import TargetTable
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +127,7 @@ class _Writer:
         self.workers = readers.available_cores() if options.workers is None else options.workers
         self.commit_every, self.progress = options.commit_every, options.progress
         self.partial = fsops.partial_path(target)
-        self.prefix = PrefixFingerprint(scan.files)
+        self.prefix = PrefixFingerprint(scan.files, scan.identity)
         self.written = self.written_bytes = self.commits = 0
 
     def run(self) -> BuildReport:
@@ -159,7 +165,7 @@ class _Writer:
         """Skips for the scan's non-regular files (FIFOs, sockets, devices), or a BuildError with ``on_error="raise"``."""
         if self.scan.special and self.on_error == "raise":
             path, reason = self.scan.special[0]
-            raise BuildError(f"{self.scan.root / path}: {reason}\nRemove it, or {_SKIP_HINT}.")
+            raise BuildError(f"{self.scan.root / path}: {reason}\nFix or remove it, or {_SKIP_HINT}.")
         return [{"path": path, "reason": reason} for path, reason in self.scan.special]
 
     def _finished_partial(self) -> fmt.Metadata | None:
@@ -189,7 +195,7 @@ class _Writer:
                 state = json.loads(bytes(raw)) if raw is not None else None
                 if (
                     state is not None
-                    and state.get("version") == fmt.FORMAT_VERSION
+                    and state.get("version") == fmt.PROGRESS_VERSION
                     and state["options"] == self.options
                     and 0 < state["consumed"] <= len(self.scan.files)
                     and state["prefix"] == self.scan.fingerprint(state["consumed"])
@@ -214,29 +220,41 @@ class _Writer:
     def _fill(self, env: lmdb.Environment, dbs: tuple[Any, Any], consumed: int, skipped: list[dict[str, str]]) -> None:
         files = self.scan.files
         opts = self.options
-        tasks: list[readers._Task] = [(i, files[i].path, opts["storage"], opts["max_pixels"], opts.get("resize"), opts.get("quality", 0))
+        dataset, key = readers.sample_source(self.scan)
+        tasks: list[readers._Task] = [(i, key(files[i]), opts["storage"], opts["max_pixels"], opts.get("resize"), opts.get("quality", 0))
                               for i in range(consumed, len(files))]
         with env.begin() as txn:
             next_record = txn.stat(dbs[0])["entries"]
+        fitting = None  # with targets from the records: checks each target against the kind of those before it
+        if self.scan.targets_from_records:
+            fitting = RecordTargets.of(self.scan)
+            for target in self._committed_targets(env, dbs[1]):
+                fitting.check(target)
         batch: list[tuple[bytes, bytes, str]] = []
         batch_bytes = 0
         bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress,
                    dynamic_ncols=True, position=self.line)
         started, nbytes = time.perf_counter(), 0
-        with readers._read_files(tasks, self.workers) as results:
+        with readers._read_files(tasks, self.workers, dataset) as results:
             for index, value, digest in results:
+                if value is not None and fitting is not None:  # the entry ends with the record's target
+                    misfit = fitting.check(split_entry(digest)[1])
+                    if misfit is not None:
+                        value, digest = None, misfit
                 if value is None:  # a bad file: the third field is the reason
                     error = digest
                     if self.on_error == "raise":
                         self._commit(env, dbs, batch, index, skipped)
                         bar.close()
                         where = "" if self.shard is None else f" of {self.target.name}"
+                        origin = f"{files[index].origin}: " if files[index].origin else ""
                         raise BuildError(
-                            f"{files[index].path}: {error}\nNothing was lost: the {_plural(index, 'file')}{where} before it "
+                            f"{origin}{files[index].path}: {error}\nNothing was lost: the {_plural(index, 'file')}{where} before it "
                             f"{'is' if index == 1 else 'are'} committed and a rerun resumes there. "
                             f"Fix or remove the file, or {_SKIP_HINT}."
                         )
-                    skipped.append({"path": files[index].relpath, "reason": error})
+                    origin = f"{files[index].origin}: " if files[index].origin else ""
+                    skipped.append({"path": files[index].relpath, "reason": origin + error})
                 else:
                     batch.append((fmt.record_key(next_record), value, digest))
                     next_record += 1
@@ -255,7 +273,7 @@ class _Writer:
         self, env: lmdb.Environment, dbs: tuple[Any, Any], batch: list[tuple[bytes, bytes, bytes]], consumed: int,
         skipped: list[dict[str, str]],
     ) -> None:
-        state = {"version": fmt.FORMAT_VERSION, "consumed": consumed, "prefix": self.prefix.advance(consumed), "options": self.options,
+        state = {"version": fmt.PROGRESS_VERSION, "consumed": consumed, "prefix": self.prefix.advance(consumed), "options": self.options,
                  "skipped": skipped}
         records, checksums = dbs
 
@@ -298,13 +316,33 @@ class _Writer:
             return int(self.scan.total_bytes * 1.12)
         return int(self.written_bytes / self.written * len(self.scan.files) * 1.02)
 
+    def _committed_targets(self, env: lmdb.Environment, checksum_db: Any) -> list[Any]:
+        """The targets of the committed records of a ``targets_from_records`` scan (the ends of their progress entries)."""
+        with env.begin() as txn:
+            return [self._split(bytes(entry))[1] for _, entry in txn.cursor(db=checksum_db)]
+
+    def _split(self, entry: bytes) -> tuple[bytes, Any]:
+        try:
+            return split_entry(entry)
+        except ValueError as exc:
+            raise fmt.DatabaseError(f"{self.partial} holds a progress entry without its target ({exc}); delete it and build "
+                                    "again.") from None
+
     def _finish(self, env: lmdb.Environment, dbs: tuple[Any, Any], skipped: list[dict[str, str]]) -> int:
-        skipped_paths = {s["path"] for s in skipped}
+        # The files skipped while reading: a special entry may carry a kept file's path (a manifest row listing it twice).
+        skipped_paths = collections.Counter(s["path"] for s in skipped) - collections.Counter(path for path, _ in self.scan.special)
         kept = [f for f in self.scan.files if f.relpath not in skipped_paths]
         records, checksum_db = dbs
+        scan = self.scan
+        record_targets: list[Any] = []
         with env.begin() as txn:
             entries = txn.stat(records)["entries"]
-            progress = b"".join(bytes(entry) for _, entry in txn.cursor(db=checksum_db))
+            if scan.targets_from_records:  # each entry: digest, codec, then the record's target
+                split = [self._split(bytes(entry)) for _, entry in txn.cursor(db=checksum_db)]
+                progress = b"".join(head for head, _ in split)
+                record_targets = [target for _, target in split]
+            else:
+                progress = b"".join(bytes(entry) for _, entry in txn.cursor(db=checksum_db))
         storage = codec.storage_mode(self.options["storage"])
         if len(progress) == entries * (fmt.CHECKSUM_SIZE + 1):  # digest + record codec
             table = np.frombuffer(progress, dtype=np.uint8).reshape(entries, fmt.CHECKSUM_SIZE + 1)
@@ -320,12 +358,24 @@ class _Writer:
             raise BuildError(f"Every image in {str(self.scan.root)!r} was skipped as unreadable; nothing to build. See the reasons above.")
         from lightning_lmdb import __version__
 
+        if scan.targets_from_records:
+            try:
+                found = RecordTargets.of(scan).finish(record_targets)
+            except ValueError as exc:
+                raise fmt.DatabaseError(f"{self.partial} holds a target that does not fit ({exc}); delete it and build again.") from None
+            class_to_idx = {c: k for k, c in enumerate(found.classes)}
+        else:
+            found = FoundTargets(str(scan.target_kind), scan.classes, scan.target_names, [f.target for f in kept])
+            class_to_idx = scan.class_to_idx
+        width = len(found.classes) if found.kind == "multilabel" else len(found.target_names)
+        table = TargetTable.pack(found.kind, found.targets, width)
+        split_names = list(scan.split_names or [])
         meta = fmt.Metadata(
             version=fmt.FORMAT_VERSION,
             count=len(kept),
             storage=self.options["storage"],
-            classes=self.scan.classes,
-            class_to_idx=self.scan.class_to_idx,
+            classes=found.classes,
+            class_to_idx=class_to_idx,
             checksum=fmt.CHECKSUM_ALGO,
             source=fmt.SourceInfo(
                 root=str(self.scan.root), num_files=len(self.scan.files) + len(self.scan.special),
@@ -337,11 +387,18 @@ class _Writer:
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             library_version=__version__,
             build_id=fmt.new_build_id(),
-            targets=np.array([f.target for f in kept], dtype=np.int32),
+            targets=table.index,
             codecs=codecs,
             paths=fmt.PathTable.from_strings(f.relpath for f in kept),
             checksums=checksums,
             shard=self.shard,
+            target_kind=table.kind,
+            target_names=list(found.target_names) if table.kind == "regression" else [],
+            labels=table.labels,
+            label_offsets=table.offsets,
+            values=table.values,
+            split_names=split_names,
+            splits=np.array([split_names.index(f.split) for f in kept], dtype=np.uint8) if split_names else None,
         )
 
         def write(txn: lmdb.Transaction) -> None:

@@ -3,21 +3,29 @@
 Every file a build stores is decoded here first (so training never meets a corrupt image), either in
 this process (``workers=0``) or in a pool of reader processes; :func:`find_bad_files` runs the same
 reads without building anything. The pool is sized by :func:`available_cores` unless told otherwise.
+
+A dataset source (:mod:`lightning_lmdb.datasource`) is read the same way, sample by sample
+(:func:`lightning_lmdb.datasource.read_sample`): the dataset reaches each reader process once, through the
+pool's initializer (inherited with the ``fork`` start method, pickled once per reader otherwise).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import os
+import pickle
 import signal
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from lightning_lmdb import datasource
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
-from lightning_lmdb.sources import NotRegularFileError, SourceScan, read_file
+from lightning_lmdb.errors import SourceError
+from lightning_lmdb.sources import NotRegularFileError, SourceFile, SourceScan, read_file
 
 
 def usable_cpus() -> list[int]:
@@ -33,8 +41,25 @@ def available_cores() -> int:
     return len(usable_cpus())
 
 
-#: One file to read: (index, path, storage or "check", max_pixels, resize, quality).
+#: One file to read: (index, path, storage or "check", max_pixels, resize, quality); for a dataset source, the sample's
+#: index as text in place of the path.
 _Task = tuple[int, str, str, int | None, int | None, int]
+#: The dataset a reader process reads samples of (set by :func:`_start_reader`; ``None`` when it reads files).
+_dataset: Any = None
+
+
+def sample_source(scan: SourceScan) -> tuple[Any | None, Callable[[SourceFile], str]]:
+    """What the readers read for ``scan``: ``(None, file -> path)`` for files, ``(dataset, file -> index as text)`` for a dataset."""
+    dataset = datasource.dataset_of(scan)
+    return (None, _path_of) if dataset is None else (dataset, _relpath_of)
+
+
+def _path_of(file: SourceFile) -> str:
+    return file.path
+
+
+def _relpath_of(file: SourceFile) -> str:
+    return file.relpath
 
 
 def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
@@ -61,6 +86,11 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
     return index, value, fmt.progress_entry(value, codec)
 
 
+def _read_sample(task: _Task) -> tuple[int, bytes | None, Any]:
+    """:func:`lightning_lmdb.datasource.read_sample` of this reader process's dataset (runs in a pool worker)."""
+    return datasource.read_sample(_dataset, task)
+
+
 def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = None) -> list[fmt.Skipped]:
     """The files of ``scan`` a build with ``on_error="skip"`` would leave out, each with the reason.
 
@@ -73,20 +103,24 @@ def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIX
         workers: Reader processes (``None``: one per core; ``0``: in this process).
     """
     bad = [fmt.Skipped(path, reason) for path, reason in scan.special]
-    tasks: list[_Task] = [(i, f.path, "check", max_pixels, None, 0) for i, f in enumerate(scan.files)]
-    with _read_files(tasks, available_cores() if workers is None else workers) as results:
+    dataset, key = sample_source(scan)
+    tasks: list[_Task] = [(i, key(f), "check", max_pixels, None, 0) for i, f in enumerate(scan.files)]
+    with _read_files(tasks, available_cores() if workers is None else workers, dataset) as results:
         bad += [fmt.Skipped(scan.files[i].relpath, reason) for i, value, reason in results if value is None]
     return bad
 
 
-def _start_reader() -> None:
-    """A reader process's start: SIGTERM's default action (the pool's terminate must end it) and the palette warning off.
+def _start_reader(dataset: Any = None) -> None:
+    """A reader process's start: SIGTERM's default action (the pool's terminate must end it), the palette warning off,
+    and the dataset it reads samples of (``None``: it reads files).
 
     A forked reader inherits its parent's Python SIGTERM handler -- Lightning's, which only sets a flag, or a latency
     mount's -- and a pool that stops early (a bad file, Ctrl-C) would then wait forever for readers that do not end.
     """
+    global _dataset
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _ignore_palette_warning()
+    _dataset = dataset
 
 
 def _ignore_palette_warning() -> None:
@@ -101,14 +135,30 @@ def _ignore_palette_warning() -> None:
 
 
 @contextlib.contextmanager
-def _read_files(tasks: list[_Task], workers: int) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
-    """:func:`_read_one` of every task, in order: in this process (``workers=0``) or in a pool of ``workers`` processes."""
+def _read_files(tasks: list[_Task], workers: int, dataset: Any = None) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
+    """:func:`_read_one` of every task (of ``dataset``: :func:`lightning_lmdb.datasource.read_sample`), in order: in this
+    process (``workers=0``) or in a pool of ``workers`` processes.
+
+    Raises:
+        SourceError: ``dataset`` cannot be sent to the reader processes (it does not pickle, with a start method that pickles).
+    """
     if workers == 0 or len(tasks) < 2:
+        read = _read_one if dataset is None else functools.partial(datasource.read_sample, dataset)
         with warnings.catch_warnings():  # once for the whole read: this process's filters are as they were afterwards
             _ignore_palette_warning()
-            yield map(_read_one, tasks)
+            yield map(read, tasks)
         return
     # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image.
     chunksize = max(1, min(64, len(tasks) // (4 * workers)))
-    with multiprocessing.get_context().Pool(workers, initializer=_start_reader) as pool:
-        yield pool.imap(_read_one, tasks, chunksize=chunksize)
+    context = multiprocessing.get_context()
+    try:
+        pool = context.Pool(workers, initializer=_start_reader, initargs=() if dataset is None else (dataset,))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        if dataset is None:
+            raise
+        raise SourceError(
+            f"The dataset {type(dataset).__qualname__} cannot be sent to the reader processes (start method "
+            f"{context.get_start_method()!r} pickles it): {exc}. Make it picklable, or build with workers=0."
+        ) from exc
+    with pool:
+        yield pool.imap(_read_one if dataset is None else _read_sample, tasks, chunksize=chunksize)

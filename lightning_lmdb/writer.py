@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_lmdb import database
-from lightning_lmdb.errors import BuildError, DiskFullError, StaleDatabaseError
+from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, StaleDatabaseError
 from lightning_lmdb.filebuild import FAULT_ENV, BuildReport, _build_lock, _checked_target, _existing_meta, _Writer
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.readers import _start_reader, available_cores, find_bad_files, usable_cpus  # noqa: F401 (_start_reader: tests)
@@ -76,8 +76,13 @@ def build(
     """Like :func:`build_lmdb`, returning a :class:`BuildReport` of what was done."""
     started = time.perf_counter()
     options = (options or BuildOptions()).replace(**overrides) if overrides else (options or BuildOptions())
-    source_root = Path(source).expanduser().resolve()
-    target = _checked_target(source_root, target)
+    if isinstance(source, (str, os.PathLike)):
+        source_root: Any = Path(source).expanduser().resolve()
+        target = _checked_target(source_root, target)
+    else:  # a dataset (lightning_lmdb.datasource): nothing on disk to keep the target out of
+        source_root, target = source, Path(target).expanduser().absolute()
+        if options.shards is not None:
+            raise OptionError(f"shards={options.shards} does not apply to a dataset source yet; build one file (leave shards unset).")
     if options.shards is not None:
         report = build_shards(source_root, target, options, None if options.shard is None else [options.shard])
         report.seconds = time.perf_counter() - started
@@ -88,7 +93,7 @@ def build(
     meta = _existing_meta(target)  # a target that is not a database is refused before anything is created
     if meta is not None and options.on_stale == "ignore" and not options.overwrite:
         return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
-    scan = scan_source(source_root)
+    scan = scan_source(source_root, options.manifest)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(target):
         meta = _existing_meta(target)
