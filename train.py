@@ -90,6 +90,10 @@ def one_line_errors() -> Iterator[None]:
 def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """Fit the configured model on the configured data; return the PerfMonitor summary.
 
+    The model is built with the data's ``num_classes`` and, for targets other than classes, its ``target_kind`` and output
+    size ``num_outputs`` (the classes of a multi-label target, or the K values of a regression target), so its loss fits
+    the targets (see :mod:`lightning_lmdb.experiment.toy_model`).
+
     Args:
         cfg: The composed config (see ``configs/train.yaml``).
         output_dir: Where logs and the JSON summary go.
@@ -101,7 +105,11 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         with open_dict(cfg):
             cfg.data.train_dir = str(demo)
     datamodule = instantiate(cfg.data)
-    model = instantiate(cfg.model, num_classes=datamodule.num_classes)
+    kind = datamodule.target_kind  # the model's loss follows it; its head has one output per class, or per regression value
+    outputs = len(datamodule.target_names) if kind == "regression" else datamodule.num_classes
+    # class targets: num_classes alone, as before (a model of yours need not take the other two)
+    typed = {} if kind == "class" else {"target_kind": kind, "num_outputs": outputs}
+    model = instantiate(cfg.model, num_classes=datamodule.num_classes, **typed)
     meta = {key: cfg.data.get(key) for key in ("storage", "batch_size", "num_workers", "cold_cache", "image_size", "netfs_latency_ms")}
     meta["model"] = type(model).__name__
     meta["repeat"] = cfg.get("ab", {}).get("repeat", 0)

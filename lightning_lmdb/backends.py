@@ -9,14 +9,15 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_lmdb import blockread, database, fsops, netfs
+from lightning_lmdb import blockread, database, fsops, netfs, sources
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset
-from lightning_lmdb.errors import CacheDirError
-from lightning_lmdb.format import DatabaseError
+from lightning_lmdb.errors import CacheDirError, SourceError
+from lightning_lmdb.format import DatabaseError, Metadata
 from lightning_lmdb.sources import scan_source
 from lightning_lmdb.staging import stage, staged_path
 from lightning_lmdb.writer import build_lmdb, build_shards, find_bad_files
@@ -50,6 +51,72 @@ def writing_to(folder: Path, option: str) -> Iterator[None]:
             f"{option} {str(folder)!r} is not writable ({_NOT_WRITABLE[exc.errno]}: {str(name)!r}). Choose a writable {option} "
             f"(Hydra: data.{option}=/path/on/a/writable/disk)."
         ) from exc
+
+
+def recorded_root(given: Path) -> Path:
+    """The source folder a given database records it was built from (its paths are relative to it)."""
+    return Path(database.load_meta(given).source.root)
+
+
+def _served_meta(dm: LMDBDataModule) -> tuple[Path, Metadata | None, ModuleType | None]:
+    """``dm``'s first source, the metadata of the database it serves for it without reading the source (a given database, or with
+    ``on_stale="ignore"`` an existing one whose source is gone), and the source's kind."""
+    split, given = next((s, d) for s, d in dm.dirs.items() if d is not None)
+    if split in dm.given_databases:
+        return given, database.load_meta(given), None
+    kind = sources.kind_of(given)
+    if kind is None and dm.backend == "lmdb":  # on_stale="ignore" serves an existing database without its folder
+        return given, database.load_meta(dm.database_path(split)), None
+    return given, None, kind
+
+
+class TargetsMixin:
+    """``LMDBDataModule``'s classes and targets: its datasets' once set up; before, its first split's, read as cheaply as it allows
+    (a database's metadata, a folder's class folders, a manifest's rows)."""
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names in target order (``[]`` for a flat folder, or a source without classes)."""
+        return list(self._class_table()[0])
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to target (``{}`` for a flat folder, or a source without classes)."""
+        return dict(self._class_table()[1])
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (0 for a flat folder, or a source without classes)."""
+        return len(self._class_table()[0])
+
+    @property
+    def target_kind(self) -> str:
+        """What a sample's target is: one of :data:`~lightning_lmdb.sources.TARGET_KINDS`."""
+        return self._target_table()[0]
+
+    @property
+    def target_names(self) -> list[str]:
+        """The names of a regression target's K values (``[]`` for the other kinds)."""
+        return list(self._target_table()[1])
+
+    def _class_table(self: Any) -> tuple[list[str], dict[str, int]]:
+        for dataset in self.datasets.values():
+            return dataset.classes, dataset.class_to_idx
+        labels = self._labels()
+        return labels.classes, labels.class_to_idx
+
+    def _target_table(self: Any) -> tuple[str, list[str]]:
+        for dataset in self.datasets.values():
+            return dataset.target_kind, dataset.target_names
+        labels = self._labels()
+        return labels.target_kind, labels.target_names
+
+    def _labels(self: Any) -> sources.Labels:
+        """The first split's labels before ``setup``: a database's metadata, else its source's (:func:`sources.labels_of`)."""
+        given, meta, kind = _served_meta(self)
+        if meta is not None:
+            return sources.Labels(meta.classes, meta.class_to_idx, meta.target_kind, meta.target_names)
+        return sources.labels_of(given, self.build_options.manifest) if kind is not None else sources.Labels([], {}, "none")
 
 
 class Backend:
@@ -94,14 +161,18 @@ class Backend:
 
 
 class LMDBBackend(Backend):
-    """Builds each folder's database in ``prepare_data`` (this node's part of it on a shared file system), stages it, serves it."""
+    """Builds each folder's database in ``prepare_data`` (this node's part of it on a shared file system), stages it, serves it.
+
+    A given database is served as it is: never built, nothing written to ``cache_dir`` for it (it is staged like the others).
+    """
 
     def prepare(self) -> None:
         dm = self.dm
-        sources = {split: dm.source_path(split) for split in self.splits()}  # mounted first: not part of prepare_s
+        # mounted first: not part of prepare_s
+        to_build = {split: dm.source_path(split) for split in self.splits() if split not in dm.given_databases}
         node, nodes = self._node()
         with dm._timed("prepare_s"):
-            for split, source in sources.items():
+            for split, source in to_build.items():
                 target, options = dm.database_path(split), dm.build_options
                 with writing_to(dm.cache_dir, "cache_dir"):
                     if not (dm.shared_filesystem and nodes > 1):
@@ -196,10 +267,13 @@ class RawBackend(Backend):
         With ``on_error="skip"`` a build leaves bad files out; the raw backend must leave out the same ones
         so that an A/B differs in storage alone. It never builds: it reuses an up-to-date database's list,
         or (none, and ``on_error="skip"``) reads and decodes every file once here, as the builder would.
+        A given database's samples are read from the files it was built from, whatever their state.
         """
         dm, options = self.dm, self.dm.build_options
+        if split in dm.given_databases:
+            return self._open_given(split)
         folder, built = dm.source_path(split), dm.database_path(split)
-        scan = scan_source(folder)
+        scan = scan_source(folder, options.manifest)
         if built.exists():
             try:
                 meta = database.load_meta(built, arrays=True)
@@ -209,16 +283,30 @@ class RawBackend(Backend):
             if current and meta.options.get("max_pixels") == options.max_pixels:
                 # the database's size: a block-shuffled order (and shuffle=None's choice) as the lmdb backend's
                 self.sizes[split] = (database.database_bytes(built), meta.count)
-                return RawImageDataset.from_metadata(folder, meta)
+                return RawImageDataset.from_metadata(scan.root, meta)
         self.sizes[split] = (scan.total_bytes, len(scan.files))
         if options.on_error != "skip":
-            return RawImageDataset(folder)
+            return RawImageDataset.from_scan(scan)
         bad = find_bad_files(scan, max_pixels=options.max_pixels, workers=options.workers)
         if bad:
             log.warning("The raw backend leaves out %d bad files of %s, as a build would:\n%s", len(bad), folder,
                         "\n".join(f"  {s.path}: {s.reason}" for s in bad))
         dm._after_reading_all([f.path for f in scan.files])
-        return RawImageDataset(folder, exclude={s.path for s in bad})
+        return RawImageDataset.from_scan(scan, exclude={s.path for s in bad})
+
+    def _open_given(self, split: str) -> RawImageDataset:
+        """The samples of the database given for ``split``, read from the files it was built from (its root must still exist)."""
+        given = self.dm.dirs[split]
+        assert given is not None  # a given database
+        meta = database.load_meta(given, arrays=True)
+        if not Path(meta.source.root).is_dir():
+            raise SourceError(
+                f"backend='raw' reads the files a database was built from, but {split}_dir {str(given)!r} was built from "
+                f"{meta.source.root!r}, which no longer exists. Serve the database itself (Hydra: data=lmdb, or data.backend=lmdb), "
+                "or restore the files there."
+            )
+        self.sizes[split] = (database.database_bytes(given), meta.count)
+        return RawImageDataset.from_metadata(self.dm.source_path(split), meta)
 
     def cached_files(self) -> list[str]:
         raw = {d.root: d for d in self.dm.datasets.values() if isinstance(d, RawImageDataset)}

@@ -24,6 +24,7 @@ from lightning_lmdb import __version__
 from lightning_lmdb.decoders import DECODERS
 from lightning_lmdb.errors import LightningLMDBError, OptionError
 from lightning_lmdb.options import CHOICES, BuildOptions
+from lightning_lmdb.sources import TARGET_KINDS, ManifestOptions
 
 if TYPE_CHECKING:
     from lightning_lmdb.verify import VerifyReport
@@ -72,8 +73,39 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
     return BuildOptions(
         storage=args.storage, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite, on_stale=args.on_stale,
         max_pixels=args.max_pixels or None, resize=args.resize, quality=args.quality, commit_every=args.commit_every,
-        progress=not args.quiet, **_shard_options(args),
+        progress=not args.quiet, manifest=manifest_options(args), **_shard_options(args),
     )
+
+
+#: The manifest flags of ``build`` and ``verify``: ``(flag, ManifestOptions field, metavar, help)``.
+_MANIFEST_FLAGS = (
+    ("--root", "root", "DIR", "the folder a manifest's relative image paths are relative to (default: the manifest's own folder)"),
+    ("--path-column", "path_column", "COLUMN", "a manifest's image column (default: path, else file_name)"),
+    ("--label-column", "label_column", "COLUMN[,COLUMN...]", "a manifest's target column; several, comma-separated, for a regression "
+                                                             "target of K numbers (default: label when present, else no target)"),
+    ("--split-column", "split_column", "COLUMN", "a manifest's split column, train/val/test per row (default: split when present)"),
+    ("--target-kind", "target_kind", None, "what a manifest's target is (default: inferred from its values)"),
+    ("--label-sep", "label_sep", "SEP", "splits a CSV label cell into several labels, a multi-label target (e.g. '|')"),
+    ("--classes", "classes", "NAME[,NAME...]", "a manifest's class names in index order, comma-separated (default: the sorted names "
+                                               "found)"),
+)
+
+
+def _add_manifest_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that say how to read a manifest source (a .csv, .tsv or .jsonl file listing the images)."""
+    group = parser.add_argument_group("manifest sources (a .csv, .tsv or .jsonl file listing the images, or a folder with metadata.csv "
+                                      "or metadata.jsonl)")
+    for flag, field, metavar, text in _MANIFEST_FLAGS:
+        choices = TARGET_KINDS if field == "target_kind" else None
+        group.add_argument(flag, dest=f"manifest_{field}", default=None, choices=choices, metavar=metavar, help=text)
+
+
+def manifest_options(args: argparse.Namespace) -> ManifestOptions:
+    """The :class:`ManifestOptions` of a parsed ``build`` or ``verify`` command line (the flags left out are ``None``)."""
+    given = {field: getattr(args, f"manifest_{field}", None) for _, field, _, _ in _MANIFEST_FLAGS}
+    if given["classes"] is not None:
+        given["classes"] = [name.strip() for name in given["classes"].split(",")]
+    return ManifestOptions.of({field: value for field, value in given.items() if value is not None})
 
 
 def _shard_options(args: argparse.Namespace) -> dict[str, int | None]:
@@ -114,7 +146,11 @@ def _info(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from lightning_lmdb.verify import verify_lmdb
 
-    report = verify_lmdb(args.target, args.source, allow_skipped=args.allow_skipped)
+    manifest = manifest_options(args)
+    if not manifest.is_default() and args.source is None:
+        flags = " ".join(flag for flag, field, _, _ in _MANIFEST_FLAGS if getattr(args, f"manifest_{field}") is not None)
+        raise OptionError(f"{flags} say how to read the source, and no --source was given: pass --source MANIFEST, or leave them out.")
+    report = verify_lmdb(args.target, args.source, allow_skipped=args.allow_skipped, manifest=manifest)
     for line in report.problems[: args.max_problems]:
         print(line)
     _print_more(len(report.problems), args.max_problems, "problem")
@@ -192,7 +228,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lightning-lmdb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout or flat folder) into the LMDB file TARGET (or a sharded folder)")
+    build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout, flat folder or a manifest: .csv, .tsv, .jsonl) into the LMDB "
+                                         "file TARGET (or a sharded folder)")
     build.add_argument("source")
     build.add_argument("target")
     # choices and defaults from BuildOptions, which checks every value
@@ -218,6 +255,7 @@ def make_parser() -> argparse.ArgumentParser:
     build.add_argument("--shard", default=None, metavar="I/K",
                        help="build shard I of K alone (e.g. one task of a job array: --shard $SLURM_ARRAY_TASK_ID/K); the task that "
                             "completes the last shard writes the manifest")
+    _add_manifest_flags(build)
     build.set_defaults(func=_build)
 
     info = sub.add_parser("info", help="describe a database")
@@ -227,12 +265,13 @@ def make_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="check every record (exit status 0 only when everything matches)")
     verify.add_argument("target")
-    verify.add_argument("--source", default=None, help="compare with the source folder byte for byte")
+    verify.add_argument("--source", default=None, help="compare with the source (a folder or a manifest) byte for byte")
     verify.add_argument(
         "--allow-skipped", action="store_true",
         help="with --source: accept source files that the build skipped as unreadable (they are still listed)",
     )
     verify.add_argument("--max-problems", type=int, default=50, help="problems to print")
+    _add_manifest_flags(verify)
     verify.set_defaults(func=_verify)
 
     bench = sub.add_parser("bench", help="time shuffled reads of raw files vs the LMDB file, cold and warm page cache")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
 
-from lightning_lmdb import backends, database, envs, sources, transforms
+from lightning_lmdb import backends, envs, transforms
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset, available_memory
 from lightning_lmdb.decoders import Decoder
 from lightning_lmdb.dm_loaders import DeviceBatchesMixin, LoadersMixin
@@ -24,12 +24,17 @@ from lightning_lmdb.dm_options import (
     check_data,
     check_folders,
     check_loader,
+    decode_size_for,
     default_transforms,
+    given_databases,
+    manifest_options,
     silence_the_both_hooks_warning,
+    source_splits,
 )
 from lightning_lmdb.errors import CacheDirError, OptionError  # noqa: F401 (CacheDirError: the backends raise it)
 from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
 from lightning_lmdb.sampler import ResumableDataLoader, Shuffle
+from lightning_lmdb.sources import ManifestOptions
 from lightning_lmdb.writer import available_cores
 
 SPLITS = ("train", "val", "test")
@@ -58,15 +63,15 @@ def database_name(folder: Path, options: BuildOptions) -> str:
 
 
 def given_folder(dirs: dict[str, Path | None], split: str) -> Path:
-    """The folder given for ``split``; an :class:`OptionError` when none was."""
+    """The path given for ``split`` (a folder, a manifest or a database); an :class:`OptionError` when none was."""
     folder = dirs[split]
     if folder is None:
         raise OptionError(f"No {split}_dir was given.")
     return folder
 
 
-class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
-    """Image folders served to Lightning from LMDB files (``backend="lmdb"``) or from the files (``"raw"``).
+class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
+    """Image folders (or manifests) served to Lightning from LMDB files (``backend="lmdb"``) or from the files (``"raw"``).
 
     Every setting but ``backend`` is shared, so ``raw`` vs ``lmdb`` is an A/B of storage alone.
 
@@ -77,9 +82,12 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
     and ``LMDBDataModule.load_from_checkpoint`` rebuilds the module (with the default transforms unless given).
 
     Args:
-        train_dir: Training images (ImageFolder layout or a flat folder).
-        val_dir: Validation images; or leave ``None`` and hold out ``val_fraction`` of ``train_dir``.
-        test_dir: Test images (also used by ``predict_dataloader``).
+        train_dir: Training images: a folder (ImageFolder layout or flat), a manifest (.csv/.tsv/.jsonl, or a folder with
+            metadata.csv/.jsonl), or a database (a file or sharded folder built by ``lightning-lmdb build``: served as it is,
+            never rebuilt, nothing written to ``cache_dir`` for it; the raw backend reads the files it was built from).
+        val_dir: Validation images (a folder, a manifest, or a database); or leave ``None`` and hold out ``val_fraction`` of
+            ``train_dir``.
+        test_dir: Test images (a folder, a manifest, or a database; also used by ``predict_dataloader``).
         val_fraction: Share of ``train_dir`` held out for validation. ``None`` (the default) chooses:
             ``0.1`` without ``val_dir``, no split with one. ``0`` disables the split; a value ``> 0`` together
             with ``val_dir`` is an error.
@@ -114,7 +122,9 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
         build_workers: Builder processes (``None``: one per core).
         on_error: Builder policy for bad files: ``"raise"`` or ``"skip"``.
         on_stale: When a folder changed since its database was built: ``"rebuild"``, ``"error"`` or
-            ``"ignore"`` (no scan at all: the fastest start on network storage).
+            ``"ignore"`` (no scan at all: the fastest start on network storage). A given database is served as it is.
+        manifest: How to read a manifest (:class:`~lightning_lmdb.sources.ManifestOptions`, or a mapping of its fields, e.g.
+            ``{"label_column": "tags", "label_sep": "|"}``); saved in the hyper-parameters as the dict of the fields set.
         max_pixels: Builder's decompression-bomb limit.
         readahead: LMDB readahead; ``None`` chooses by file size against available memory.
         image_size: Side of the default transforms' output (and of ``decode_size="auto"``).
@@ -154,8 +164,9 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
     Raises:
         ValueError: A choice that is not one of its valid values, or an out-of-range number (named, with the
             valid values), or ``val_fraction > 0`` together with ``val_dir``, or a given folder without images
-            (checked at ``prepare_data`` instead with ``on_stale="ignore"``, which promises no scan).
-        FileNotFoundError: A given folder does not exist.
+            (checked at ``prepare_data`` instead with ``on_stale="ignore"``, which promises no scan), or a bad ``manifest`` option.
+        FileNotFoundError: A given folder does not exist, or a given file is neither a manifest nor a database.
+        DatabaseError: A given database cannot be opened (incomplete, damaged, foreign).
         CacheDirError: (``prepare_data``) ``cache_dir`` or ``local_cache_dir`` cannot be written.
     """
 
@@ -182,6 +193,7 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
         build_workers: int | None = BuildOptions.workers,
         on_error: OnError = BuildOptions.on_error,
         on_stale: OnStale = BuildOptions.on_stale,
+        manifest: ManifestOptions | Mapping[str, Any] | None = None,
         max_pixels: int | None = BuildOptions.max_pixels,
         readahead: bool | None = None,
         image_size: int = 224,
@@ -203,23 +215,29 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
                       shuffle=shuffle, decode_size=decode_size, finish_on_device=finish_on_device)
         check_data((train_dir, val_dir, test_dir), val_fraction)
         check_loader(batch_size, image_size, prefetch_factor, num_workers)
+        manifest_given = manifest_options(manifest)
+        manifest = manifest_given.as_dict() or None  # plain values, like every hyper-parameter
         # hyper-parameters are plain values: a Path would not load with torch.load(weights_only=True)
         train_dir, val_dir, test_dir, cache_dir, local_cache_dir = (
             None if d is None else os.fspath(d) for d in (train_dir, val_dir, test_dir, cache_dir, local_cache_dir))
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.save_hyperparameters(ignore=["train_transform", "eval_transform"])
-        given_dirs = (train_dir, val_dir, test_dir)
-        self.dirs = {name: None if d is None else Path(d).expanduser().resolve() for name, d in zip(SPLITS, given_dirs, strict=True)}
+        self.dirs = {name: None if d is None else Path(d).expanduser().resolve()
+                     for name, d in zip(SPLITS, (train_dir, val_dir, test_dir), strict=True)}
         if val_fraction is None:
             val_fraction = DEFAULT_VAL_FRACTION if val_dir is None and train_dir is not None else 0.0
         self.val_fraction: float = float(val_fraction)
         self.split_seed, self.backend = split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.build_options = BuildOptions(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
-                                          max_pixels=max_pixels, resize=resize, quality=quality, shards=shards)
+                                          max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=manifest_given)
         self.decoder, self.decode_size, self.decode_device = decoder, decode_size, decode_device
         self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
-        check_folders(self.dirs, on_stale == "ignore" and backend == "lmdb", self.database_path)
+        self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
+        #: The splits given a database (served as it is) rather than a source.
+        self.given_databases = given_databases(self.dirs, on_stale, self.local_cache_dir)
+        check_folders(self.dirs, on_stale == "ignore" and backend == "lmdb", self.database_path, self.build_options.manifest,
+                      self.given_databases)
         self.readahead = readahead
         self.image_size = image_size
         self.train_transform, self.eval_transform = default_transforms(train_transform, eval_transform, image_size, finish_on_device,
@@ -230,7 +248,6 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
         self.prefetch_factor, self.persistent_workers = prefetch_factor, persistent_workers
         self.multiprocessing_context = multiprocessing_context
         self.shared_filesystem = shared_filesystem  # prepare_data_per_node stays True: each node builds its part
-        self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
         self.datasets: dict[str, _ImageDataset] = {}
         #: The training order chosen at ``setup("fit")`` (``shuffle``, or what ``None`` picked); ``None`` before.
         self.train_shuffle: Shuffle | None = None
@@ -241,17 +258,20 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
     # --- paths -----------------------------------------------------------------------------------
 
     def database_path(self, split: str, options: BuildOptions | None = None) -> Path:
-        """Where the database of ``split``'s folder lives (deterministic: every rank computes the same).
+        """Where the database of ``split``'s folder lives (deterministic: every rank computes the same); a given database itself.
 
         Args:
             split: ``"train"``, ``"val"`` or ``"test"``.
             options: Where it would live if built with these options instead of this module's.
         """
+        if split in self.given_databases:
+            return given_folder(self.dirs, split)
         return self.cache_dir / database_name(given_folder(self.dirs, split), options or self.build_options)
 
     def source_path(self, split: str) -> Path:
-        """The folder of ``split`` as this module reads it."""
-        return given_folder(self.dirs, split)
+        """The source of ``split`` as this module reads it: the folder or manifest, or the folder a given database was built from."""
+        given = given_folder(self.dirs, split)
+        return backends.recorded_root(given) if split in self.given_databases else given
 
     def served_database_path(self, split: str) -> Path:
         """The database of ``split`` as the loaders read it (unless staged to ``local_cache_dir``)."""
@@ -294,9 +314,16 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
         fit = stage in (None, "fit")
         # predict serves the test folder, or the validation data when there is none
         evaluate = stage in (None, "fit", "validate") or (stage == "predict" and self.dirs["test"] is None)
-        if self.dirs["train"] is not None and (fit or (evaluate and self.val_fraction)):
+        test = stage in (None, "test", "predict")
+        if self.dirs["train"] is not None and (fit or (evaluate and self.val_fraction) or (test and self.dirs["test"] is None)):
             full = self._backend.open("train")
-            if self.val_fraction:  # a seeded split: pickled as (seed, fraction, part), recomputed in each worker
+            parts = source_splits(full)
+            if parts is not None:  # the source's split column decides; val_fraction does not apply
+                train = full.view(parts["train"], self.train_transform)
+                for split, wanted in (("val", evaluate), ("test", test)):
+                    if wanted and self.dirs[split] is None and len(parts[split]):
+                        self.datasets[split] = full.view(parts[split], self.eval_transform)
+            elif self.val_fraction and (fit or evaluate):  # a seeded split: pickled as (seed, fraction, part), recomputed in each worker
                 train, val = full.split(self.val_fraction, self.split_seed, (self.train_transform, self.eval_transform))
                 self.datasets["val"] = val
             else:
@@ -313,7 +340,8 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
         if stage in (None, "test", "predict") and self.dirs["test"] is not None:
             self.datasets["test"] = self._backend.open("test").view(None, self.eval_transform)
         for dataset in self.datasets.values():
-            dataset.set_decoding(self.decoder, self._decode_size(dataset.transform), defer_jpeg=self.decode_device is not None)
+            dataset.set_decoding(self.decoder, decode_size_for(self.decode_size, dataset.transform, self.image_size),
+                                 defer_jpeg=self.decode_device is not None)
 
     def _choose_shuffle(self, full: _ImageDataset) -> Shuffle:
         """``shuffle``, or (``None``) :func:`choose_shuffle` of the training data's size -- rank 0's, under DDP."""
@@ -324,37 +352,6 @@ class LMDBDataModule(LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
         if trainer is not None and trainer.world_size > 1:  # memory differs between ranks: they must agree on the order
             choice = trainer.strategy.broadcast(choice, src=0)
         return choice
-
-    def _decode_size(self, transform: Any) -> int | None:
-        """The ``decode_size`` of a split: what its transform needs with ``"auto"``, else the setting."""
-        if self.decode_size != "auto":
-            return self.decode_size
-        return getattr(transform, "min_input_side", self.image_size)
-
-    @property
-    def classes(self) -> list[str]:
-        """Class names in target order: from the datasets once set up, else from the class folders (``[]`` for a flat folder)."""
-        return list(self._class_table()[0])
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        """Class name to target: from the datasets once set up, else from the class folders (``{}`` for a flat folder)."""
-        return dict(self._class_table()[1])
-
-    @property
-    def num_classes(self) -> int:
-        """Number of classes: from the datasets once set up, else from the class folders (0 for a flat folder)."""
-        return len(self._class_table()[0])
-
-    def _class_table(self) -> tuple[list[str], dict[str, int]]:
-        for dataset in self.datasets.values():
-            return dataset.classes, dataset.class_to_idx
-        split, folder = next((s, d) for s, d in self.dirs.items() if d is not None)
-        kind = sources.kind_of(folder)
-        if kind is None and self.backend == "lmdb":  # on_stale="ignore" serves an existing database without its folder
-            meta = database.load_meta(self.database_path(split))
-            return meta.classes, meta.class_to_idx
-        return kind.classes(folder) if kind is not None else ([], {})
 
     def cached_files(self) -> list[str]:
         """The files a cold-cache epoch evicts: the databases, or every raw image file."""

@@ -8,17 +8,20 @@ call those, adding the Hydra key.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from lightning_lmdb import sources, transforms
+from lightning_lmdb import database, sources, transforms
 from lightning_lmdb.decoders import check_decoder
-from lightning_lmdb.errors import OptionError, SourceError
+from lightning_lmdb.errors import DatabaseError, OptionError, SourceError
 from lightning_lmdb.sampler import check_shuffle
+from lightning_lmdb.sources import ManifestOptions
 
 Backend = Literal["lmdb", "raw"]
 #: A DataLoader worker start method (``None`` in ``LMDBDataModule`` means the platform default).
@@ -95,25 +98,102 @@ def check_loader(batch_size: Any, image_size: Any, prefetch_factor: Any, num_wor
         check_count("num_workers", num_workers, 0, "loader worker processes, 0 loads in this process, None one per core")
 
 
-def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, database_path: Callable[[str], Path]) -> None:
-    """Refuse a given folder that does not exist or holds no images (with ``serve_without_folder``: unless its database exists)."""
+#: LMDB's magic number: 4 bytes at offset 16 of every LMDB data file (its first meta page), in the writer's byte order.
+LMDB_MAGIC = 0xBEEFC0DE
+
+
+def is_database(path: Path) -> bool:
+    """Whether ``path`` is a database to serve as it is, not a source to build one from (cheap checks only, nothing is opened).
+
+    A folder is one when :func:`lightning_lmdb.database.is_sharded` says so (its manifest, or the shards or locks of its
+    build): checked before the folder is taken as an image folder. A regular file is one when it starts as an LMDB file does;
+    any other file is a manifest, or refused.
+    """
+    if path.is_dir():
+        return database.is_sharded(path)
+    if not path.is_file():  # a FIFO or a device is never opened
+        return False
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(20)
+    except OSError:
+        return False
+    return len(head) == 20 and LMDB_MAGIC in (int.from_bytes(head[16:], "little"), int.from_bytes(head[16:], "big"))
+
+
+def given_databases(dirs: dict[str, Path | None], on_stale: str, local_cache_dir: Path | None) -> frozenset[str]:
+    """The splits whose given path is a database (a file, or a sharded folder), each checked to open; they are served as they are.
+
+    Raises:
+        DatabaseError: A given database cannot be opened (incomplete, damaged, foreign), naming the Hydra key.
+        OptionError: With ``local_cache_dir``, two different given databases of the same name (their copies would collide).
+    """
+    found: dict[str, Path] = {split: path for split, path in dirs.items() if path is not None and is_database(path)}
+    for split, path in found.items():
+        try:
+            meta = database.load_meta(path)
+        except DatabaseError as exc:
+            raise DatabaseError(f"{split}_dir {str(path)!r} is a database that cannot be served: {exc} "
+                                f"(Hydra: data.{split}_dir=/path/to/a/database/or/images)") from exc
+        rank_zero_info(f"LMDBDataModule: {split}_dir {path} is a database ({meta.count} records): served as it is, never rebuilt "
+                       f"(on_stale={on_stale!r} does not apply to it).")
+    names: dict[str, Path] = {}
+    for split, path in found.items():
+        other = names.setdefault(path.name, path)
+        if local_cache_dir is not None and other != path:
+            raise OptionError(f"{split}_dir {str(path)!r} and {str(other)!r} are both named {path.name!r}: their copies in local_cache_dir "
+                              f"{str(local_cache_dir)!r} would be one file. Rename one of them, or leave local_cache_dir unset "
+                              "(Hydra: data.local_cache_dir=null).")
+    return frozenset(found)
+
+
+def manifest_options(value: Any) -> ManifestOptions:
+    """``LMDBDataModule``'s ``manifest`` argument as :class:`ManifestOptions` (see :meth:`ManifestOptions.of`).
+
+    Raises:
+        OptionError: A key that is not an option, or a bad value, naming it and the Hydra key.
+    """
+    if value is not None and not isinstance(value, (ManifestOptions, Mapping)):
+        raise OptionError(f"manifest={value!r} must be a mapping of manifest options, e.g. {{'label_column': 'tags'}}, or None "
+                          "(Hydra: data.manifest.label_column=tags).")
+    try:
+        return ManifestOptions.of(value)
+    except OptionError as exc:
+        raise OptionError(f"{exc} (Hydra: data.manifest.<option>=...)") from exc
+
+
+def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, database_path: Callable[[str], Path],
+                  manifest: ManifestOptions, databases: Collection[str] = ()) -> None:
+    """Refuse a given source that does not exist or holds no images (with ``serve_without_folder``: unless its database exists).
+
+    The splits in ``databases`` are given databases, not sources: they are left alone.
+    """
     for split, folder in dirs.items():
-        if folder is None:
+        if folder is None or split in databases:
             continue
         kind = sources.kind_of(folder)
         if kind is None and not (serve_without_folder and database_path(split).exists()):
+            what = "is a file that is neither a manifest nor a database" if folder.is_file() else "does not exist or is not a folder"
             raise FileNotFoundError(
-                f"{split}_dir {str(folder)!r} does not exist or is not a folder. Pass the folder that holds your images"
-                f" (Hydra: data.{split}_dir=/path/to/images)."
+                f"{split}_dir {str(folder)!r} {what}. Pass the folder that holds your images, a manifest listing them (.csv, .tsv, "
+                f".jsonl) or a database built by `lightning-lmdb build` (Hydra: data.{split}_dir=/path/to/images)."
                 + (" With on_stale='ignore' an existing database is served without it, but there is none at "
                    f"{str(database_path(split))!r}." if serve_without_folder else "")
             )
-        if kind is not None and not serve_without_folder and not kind.has_samples(folder):  # on_stale="ignore" promises no scan
+        if kind is not None and not serve_without_folder and not kind.has_samples(folder, manifest):  # on_stale="ignore": no scan
             raise SourceError(
                 f"No images found in {split}_dir {str(folder)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in "
-                f"one subfolder per class (ImageFolder layout) or directly in the folder. Pass the folder that holds your images "
-                f"(Hydra: data.{split}_dir=/path/to/images)."
+                f"one subfolder per class (ImageFolder layout) or directly in the folder, or a manifest listing them. Pass the folder "
+                f"that holds your images (Hydra: data.{split}_dir=/path/to/images)."
             )
+
+
+def decode_size_for(decode_size: int | str | None, transform: Any, image_size: int) -> int | None:
+    """The ``decode_size`` of a split: what its ``transform`` needs with ``"auto"`` (``image_size`` for a transform of yours), else the
+    setting."""
+    if decode_size != "auto":
+        return decode_size  # type: ignore[return-value]
+    return getattr(transform, "min_input_side", image_size)
 
 
 def default_transforms(train_transform: Callable[[Any], Any] | None, eval_transform: Callable[[Any], Any] | None, image_size: int,
@@ -136,3 +216,31 @@ def default_transforms(train_transform: Callable[[Any], Any] | None, eval_transf
             "Leave train_transform/eval_transform out, or decode in the workers (decode_device=None)."
         )
     return train, evaluate
+
+
+#: The names a source's split column may give each of the DataModule's splits (Hugging Face writes ``validation``).
+SOURCE_SPLIT_NAMES: dict[str, tuple[str, ...]] = {"train": ("train",), "val": ("val", "valid", "validation"), "test": ("test",)}
+
+
+def source_splits(dataset: Any) -> dict[str, np.ndarray] | None:
+    """The rows of ``dataset`` its source put in train, val and test (a manifest's split column); ``None`` without splits.
+
+    Raises:
+        SourceError: The source has splits but no row in ``train``.
+    """
+    names = list(getattr(dataset, "split_names", []))
+    if not names:
+        return None
+    parts = {split: np.sort(np.concatenate([dataset.rows_of_split(n) for n in aliases if n in names] or [np.zeros(0, np.int64)]))
+             for split, aliases in SOURCE_SPLIT_NAMES.items()}
+    known = {n for aliases in SOURCE_SPLIT_NAMES.values() for n in aliases}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        warnings.warn(f"Rows of split(s) {', '.join(map(repr, unknown))} are not served: the DataModule serves the splits named "
+                      f"{', '.join(sorted(known))}. Rename them in the split column to serve them.", UserWarning, stacklevel=2)
+    if not len(parts["train"]):
+        raise SourceError(f"The split column of the training source names the splits {names} but no row is in 'train'; the "
+                          "DataModule trains on the rows whose split is 'train'. Fix the split column.")
+    rank_zero_info(f"LMDBDataModule: the source's split column gives {len(parts['train'])} train, {len(parts['val'])} val and "
+                   f"{len(parts['test'])} test samples (val_fraction does not apply).")
+    return parts

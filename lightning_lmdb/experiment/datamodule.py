@@ -21,7 +21,7 @@ class ExperimentDataModule(LMDBDataModule):
     """:class:`~lightning_lmdb.LMDBDataModule` for the experiment (``train.py``'s ``data`` config): its arguments, and these.
 
     Args:
-        *args: :class:`~lightning_lmdb.LMDBDataModule`'s folders.
+        *args: :class:`~lightning_lmdb.LMDBDataModule`'s folders (or manifests, or databases).
         cold_cache: Evict the dataset's files (the raw files, or the LMDB files after closing this
             process's environments) from the page cache before each training epoch, with
             ``posix_fadvise`` (no root needed): emulates a dataset larger than RAM or on network
@@ -29,7 +29,7 @@ class ExperimentDataModule(LMDBDataModule):
             LMDB pages cached).
         netfs_latency_ms: Emulated network storage: every file request (lookup, open, read, ...) of the folders and
             the databases waits this many milliseconds (``0.5`` is a typical NFS round trip). The build and the raw
-            backend read the folders, and the LMDB backend its database file, through read-only latency mounts
+            backend read the folders (a manifest's folder), and the LMDB backend its database file, through read-only latency mounts
             (:mod:`lightning_lmdb.netfs`, needs FUSE) at stable points in ``<cache_dir>.netfs/`` (a database's
             cache key hashes the real folder, so nothing is rebuilt because of them); they are unmounted when the
             process exits. With ``cold_cache`` the mounts keep no file contents cached either. ``None``: off.
@@ -58,9 +58,12 @@ class ExperimentDataModule(LMDBDataModule):
             self.persistent_workers = False
 
     def source_path(self, split: str) -> Path:
-        """The folder of ``split`` as this module reads it: through its latency mount with ``netfs_latency_ms``."""
-        folder = super().source_path(split)
-        return self._through_netfs(folder, folder.name) if folder.is_dir() else folder
+        """The source of ``split`` as this module reads it: through a latency mount with ``netfs_latency_ms`` (a manifest file through
+        one of its folder, so that the images beside it are read through it too)."""
+        source = super().source_path(split)
+        if source.is_file():
+            return self._through_netfs(source.parent, source.parent.name) / source.name
+        return self._through_netfs(source, source.name) if source.is_dir() else source
 
     def served_database_path(self, split: str) -> Path:
         """The database of ``split`` as the loaders read it: through the latency mount of ``cache_dir`` with ``netfs_latency_ms``."""

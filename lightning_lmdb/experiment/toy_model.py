@@ -2,6 +2,20 @@
 
 Both are cheap enough that the data loader, not the model, is what a run measures; with ``NoOpModel``
 (``python train.py model=noop``) an epoch takes as long as the loader needs to produce its batches.
+
+``ToyCNN`` learns whatever target the data serves (``target_kind``, see :mod:`lightning_lmdb.targets`):
+
+============== ================================ ============================= ==============================================
+kind           batch targets                    loss                          metric (besides ``{stage}/loss``)
+============== ================================ ============================= ==============================================
+``class``      ``int64`` ``[N]``                cross-entropy                 ``{stage}/acc``: top-1 accuracy
+``multilabel`` ``float32`` multi-hot ``[N, C]`` binary cross-entropy (logits) ``{stage}/f1``: micro F1, logits above 0 positive
+``regression`` ``float32`` ``[N, K]``           mean squared error            ``{stage}/mae``: mean absolute error
+``none``       ``-1``                           refused: nothing to learn
+============== ================================ ============================= ==============================================
+
+``stage`` is ``train``, ``val`` or ``test``; every metric is of the whole epoch (the F1 from the epoch's summed true and false
+positives and negatives, not an average of per-batch scores). ``NoOpModel`` accepts every kind: it never reads the targets.
 """
 
 from __future__ import annotations
@@ -13,46 +27,114 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torchmetrics.classification import MultilabelF1Score
 
-from lightning_lmdb.errors import SourceError
+from lightning_lmdb.errors import OptionError, SourceError
+from lightning_lmdb.sources import TARGET_KINDS
+
+#: The stages whose steps log metrics.
+_STAGES = ("train", "val", "test")
+
+
+def _check_kind(target_kind: str) -> str:
+    """``target_kind``, or an :class:`OptionError` that names it when it is not one of :data:`~lightning_lmdb.sources.TARGET_KINDS`."""
+    if target_kind not in TARGET_KINDS:
+        raise OptionError(f"target_kind={target_kind!r} is not one of {', '.join(map(repr, TARGET_KINDS))}. "
+                          "Pass the data's kind (train.py passes datamodule.target_kind).")
+    return target_kind
 
 
 class ToyCNN(pl.LightningModule):
-    """Three strided conv blocks, global average pooling and a linear head.
+    """Three strided conv blocks, global average pooling and a linear head; the loss follows the target kind (module docstring).
+
+    ``ToyCNN(num_classes=10)`` is a classifier, as it always was (and its checkpoints load as one);
+    ``train.py`` passes the data's ``target_kind`` and the head's size ``num_outputs`` as well.
 
     Args:
-        num_classes: Output classes.
+        num_classes: Classes of the data; the head's size when ``num_outputs`` is ``None``.
         width: Channels of the first block (doubled in each next one).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
+        target_kind: ``"class"``, ``"multilabel"`` or ``"regression"`` (``"none"`` is refused: nothing to learn).
+        num_outputs: Size of the head: the number of classes (``class``, ``multilabel``) or of values per sample
+            (``regression``: ``len(datamodule.target_names)``); ``None`` for ``num_classes``.
+
+    Raises:
+        OptionError: A ``target_kind`` that is not a kind, or ``regression`` without values (``num_outputs`` < 1).
+        SourceError: Data without labels (``target_kind="none"``), or without classes (``class``/``multilabel``, 0 outputs).
     """
 
-    def __init__(self, num_classes: int, width: int = 32, lr: float = 3e-3, weight_decay: float = 1e-4):
+    def __init__(self, num_classes: int = 0, width: int = 32, lr: float = 3e-3, weight_decay: float = 1e-4, target_kind: str = "class",
+                 num_outputs: int | None = None):
         super().__init__()
-        if num_classes < 1:
+        kind = _check_kind(target_kind)
+        outputs = num_classes if num_outputs is None else num_outputs
+        if kind == "none":
+            raise SourceError("target_kind='none': the data has no labels (a flat folder, or a manifest without a label column), so there "
+                              "is nothing to learn. Use a folder with one subfolder per class, or a manifest with a label column "
+                              "(Hydra: data.manifest.label_column=...); model=noop runs on unlabelled data.")
+        if kind == "regression" and outputs < 1:
+            raise OptionError(f"num_outputs={outputs}: a regression head needs one output per target value (K >= 1). "
+                              "Pass num_outputs=len(datamodule.target_names).")
+        if outputs < 1:
             raise SourceError(
-                f"num_classes={num_classes}: the data has no classes (a flat folder?). Use a folder with one subfolder per class."
+                f"num_classes={outputs}: the data has no classes (a flat folder?). Use a folder with one subfolder per class, "
+                "or a manifest with a label column."
             )
         self.save_hyperparameters()
+        self.target_kind = kind
+        self.num_outputs = outputs
 
         def block(c_in: int, c_out: int) -> nn.Sequential:
             return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
 
         self.features = nn.Sequential(block(3, width), block(width, 2 * width), block(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1))
-        self.head = nn.Linear(4 * width, num_classes)
+        self.head = nn.Linear(4 * width, outputs)
+        if kind == "multilabel":  # one per stage, summed over the epoch; their states are not in the checkpoint
+            self.f1 = nn.ModuleDict({
+                f"{stage}_f1": MultilabelF1Score(num_labels=outputs, average="micro", threshold=0.5, validate_args=False)
+                for stage in _STAGES
+            })
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Class logits of a batch of images."""
+        """The head's outputs for a batch of images: class logits (``class``, ``multilabel``) or values (``regression``)."""
         return self.head(self.features(images).flatten(1))
+
+    def _check_targets(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """An :class:`OptionError` when ``targets`` are not what the target kind serves (a model built for other data)."""
+        kind = self.target_kind
+        if kind == "class":
+            if targets.ndim == 1 and not targets.is_floating_point():
+                return
+            expected = "int64 [N]"
+        elif targets.shape == outputs.shape:
+            return
+        else:
+            expected = f"float32 [N, {self.num_outputs}]"
+        raise OptionError(f"ToyCNN(target_kind={kind!r}, num_outputs={self.num_outputs}) got targets of dtype {targets.dtype} and "
+                          f"shape {list(targets.shape)}, not {expected}. Build it with the data's target_kind and output size "
+                          "(datamodule.target_kind; datamodule.num_classes, or len(datamodule.target_names) for regression).")
 
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
         images, targets = batch
-        logits = self(images)
-        loss = F.cross_entropy(logits, targets)
-        accuracy = (logits.argmax(1) == targets).float().mean()
-        self.log_dict(
-            {f"{stage}/loss": loss, f"{stage}/acc": accuracy}, prog_bar=True, on_step=False, on_epoch=True, batch_size=len(targets)
-        )
+        outputs = self(images)
+        self._check_targets(outputs, targets)
+        count = len(targets)
+        log = {"prog_bar": True, "on_step": False, "on_epoch": True, "batch_size": count}
+        if self.target_kind == "class":
+            loss = F.cross_entropy(outputs, targets)
+            self.log_dict({f"{stage}/loss": loss, f"{stage}/acc": (outputs.argmax(1) == targets).float().mean()}, **log)
+            return loss
+        targets = targets if targets.is_floating_point() else targets.float()
+        if self.target_kind == "multilabel":
+            loss = F.binary_cross_entropy_with_logits(outputs, targets)
+            f1 = self.f1[f"{stage}_f1"]
+            f1.update((outputs.detach() > 0).int(), (targets > 0.5).int())
+            self.log(f"{stage}/loss", loss, **log)
+            self.log(f"{stage}/f1", f1, **log)
+            return loss
+        loss = F.mse_loss(outputs, targets)
+        self.log_dict({f"{stage}/loss": loss, f"{stage}/mae": (outputs.detach() - targets).abs().mean()}, **log)
         return loss
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -69,7 +151,7 @@ class ToyCNN(pl.LightningModule):
 
 
 def _images(batch: Any) -> torch.Tensor | None:
-    """The first tensor of a batch: the images of an ``(images, targets)`` pair, or the batch itself."""
+    """The first tensor of a batch: the images of an ``(images, targets)`` pair (whatever the targets), or the batch itself."""
     if isinstance(batch, torch.Tensor):
         return batch
     items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
@@ -91,10 +173,16 @@ class NoOpModel(pl.LightningModule):
     Args:
         num_classes: Classes of the data (kept in the hyperparameters only; any value, 0 for a flat folder).
         lr: SGD learning rate (the gradient is zero, so it does not matter).
+        target_kind: The data's target kind, any of them (kept in the hyperparameters only: the targets are never read).
+        num_outputs: The output size a real model would have (kept in the hyperparameters only).
+
+    Raises:
+        OptionError: A ``target_kind`` that is not one of ``"class"``, ``"multilabel"``, ``"regression"``, ``"none"``.
     """
 
-    def __init__(self, num_classes: int = 0, lr: float = 0.0):
+    def __init__(self, num_classes: int = 0, lr: float = 0.0, target_kind: str = "class", num_outputs: int | None = None):
         super().__init__()
+        _check_kind(target_kind)
         self.save_hyperparameters()
         self.w = nn.Parameter(torch.zeros(1))
 
