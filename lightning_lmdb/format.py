@@ -60,10 +60,8 @@ completes the build: a file with no ``meta`` key is not a finished database.
 Version 1 (still read)
 ----------------------
 
-The same file, but ``meta`` held every per-record list inline as JSON (``targets``, ``paths`` and
-``checksums`` as hex strings; no ``arrays``, no ``meta/*`` keys). Datasets and tools read it;
-``build_lmdb`` and ``LMDBDataModule.prepare_data`` treat it as stale and rebuild it in version 2
-(unless ``on_stale="ignore"``).
+``meta`` held every per-record list inline as JSON (no ``meta/*`` keys). Datasets and tools read it; builds
+treat it as stale and rebuild it (unless ``on_stale="ignore"``).
 
 While building
 --------------
@@ -71,13 +69,11 @@ While building
 Key ``progress`` of the main database exists only while building: JSON with the number of source
 files consumed, a fingerprint of that prefix of the scan, the options and the files skipped so far.
 A rerun after a crash resumes from it. The named sub-database ``checksums`` (record key to its 8-byte
-digest and 1-byte record codec, computed by the reader processes) also exists only while building.
+digest, 1-byte record codec and, for a packed ``Dataset``, the record's target as JSON) exists only then.
 
-Files beside the target ``X.lmdb`` while building: ``X.lmdb.partial`` (the database being built, renamed
-onto ``X.lmdb`` when complete), ``X.lmdb.partial-lock`` (LMDB's writer lock) and ``X.lmdb.build-lock``
-(the lock that makes concurrent builders produce one build). Their names, and the durable-write and
-locking helpers, live in :mod:`lightning_lmdb.fsops`; the typed JSON field reader :class:`JsonFields`
-in :mod:`lightning_lmdb.jsonfields`. Both are re-exported here.
+Beside ``X.lmdb`` while building: ``X.lmdb.partial`` (renamed onto ``X.lmdb`` when complete),
+``X.lmdb.partial-lock`` (LMDB's writer lock) and ``X.lmdb.build-lock`` (one build at a time); their names and
+the durable-write and locking helpers live in :mod:`lightning_lmdb.fsops`, re-exported here.
 """
 
 from __future__ import annotations
@@ -87,7 +83,6 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +103,7 @@ from lightning_lmdb.fsops import (  # noqa: F401
     write_atomically,
 )
 from lightning_lmdb.jsonfields import JsonFields
+from lightning_lmdb.pathtable import PathTable
 from lightning_lmdb.sources import TARGET_KINDS
 from lightning_lmdb.targets import TargetTable
 
@@ -175,44 +171,6 @@ def dump_json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode("ascii")
 
 
-# --- paths without a Python object per record -------------------------------------------------------
-
-
-class PathTable:
-    """Relative paths as one UTF-8 blob plus offsets: no Python object per path, cheap to share with workers.
-
-    ``table[i]`` decodes path ``i``; ``len(table)``; ``table.tolist()``.
-    """
-
-    __slots__ = ("blob", "offsets")
-
-    def __init__(self, blob: np.ndarray, offsets: np.ndarray):
-        self.blob, self.offsets = blob, offsets
-
-    @classmethod
-    def from_strings(cls, paths: Iterable[str]) -> PathTable:
-        """Pack strings (file names that are not valid UTF-8 kept with ``surrogateescape``)."""
-        encoded = [p.encode("utf-8", "surrogateescape") for p in paths]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(e) for e in encoded], out=offsets[1:])
-        return cls(np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __getitem__(self, index: int) -> str:
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"path index {index} out of range for {len(self)} paths.")
-        start, stop = int(self.offsets[index]), int(self.offsets[index + 1])
-        return self.blob[start:stop].tobytes().decode("utf-8", "surrogateescape")
-
-    def tolist(self) -> list[str]:
-        """Every path as a string (one Python object each: for tools, not for per-sample paths)."""
-        return [self[i] for i in range(len(self))]
-
-
 # --- the metadata, as a type ------------------------------------------------------------------------
 
 
@@ -248,8 +206,7 @@ class ShardInfo:
     Attributes:
         index: This shard's number, from 0.
         of: How many shards the build has.
-        start: First file of the whole scan this shard covers.
-        stop: One past its last file (shard ``i`` covers ``files[start:stop]`` of the scan).
+        start: First file of the whole scan this shard covers; stop: one past its last (it covers ``files[start:stop]``).
         scan_files: Files in the whole scan.
         scan_fingerprint: The whole scan's fingerprint (every shard of one build carries the same).
     """
@@ -304,10 +261,9 @@ class Metadata:
 
     def target_table(self) -> TargetTable:
         """The targets as a dataset serves them (:class:`~lightning_lmdb.targets.TargetTable`)."""
-        width = len(self.classes) if self.target_kind == "multilabel" else len(self.target_names)
-        return TargetTable(self.target_kind, self.targets, width if self.target_kind in ("multilabel", "regression") else 0,
-                           labels=self.labels, offsets=self.label_offsets,
-                           values=None if self.values is None else self.values.reshape(self.count, width))
+        width = {"multilabel": len(self.classes), "regression": len(self.target_names)}.get(self.target_kind, 0)
+        values = None if self.values is None else self.values.reshape(self.count, width)
+        return TargetTable(self.target_kind, self.targets, width, labels=self.labels, offsets=self.label_offsets, values=values)
 
     def header(self) -> dict[str, Any]:
         """The header JSON object (version 2 or 3, :func:`version_for`), without ``arrays``."""
@@ -390,8 +346,7 @@ def _typed(get: JsonFields, read: _ArrayReader, meta: Metadata) -> Metadata:
     kind = get("target_kind", str) if "target_kind" in get.obj else meta.target_kind
     if kind not in TARGET_KINDS:
         get.fail("target_kind", f"is {kind!r}, not one of {TARGET_KINDS} (a newer lightning_lmdb built it: upgrade)")
-    names = get.list_of("target_names", str) if "target_names" in get.obj else []
-    split_names = get.list_of("split_names", str) if "split_names" in get.obj else []
+    names, split_names = (get.list_of(key, str) if key in get.obj else [] for key in ("target_names", "split_names"))
     typed: dict[str, Any] = {"target_kind": kind, "target_names": names, "split_names": split_names}
     if kind == "multilabel":
         offsets, labels = read("label_offsets"), read("labels")
@@ -410,9 +365,8 @@ def _typed(get: JsonFields, read: _ArrayReader, meta: Metadata) -> Metadata:
         if len(splits) and int(splits.max()) >= len(split_names):
             get.fail("arrays", f"holds a split index outside its {len(split_names)} split names")
         typed["splits"] = splits
-    for array in (typed.get("labels"), typed.get("label_offsets"), typed.get("values"), typed.get("splits")):
-        if array is not None:
-            array.flags.writeable = False
+    for array in (v for v in typed.values() if isinstance(v, np.ndarray)):
+        array.flags.writeable = False
     return dataclasses.replace(meta, **typed)
 
 

@@ -8,10 +8,9 @@ Two layouts are accepted:
   that folder is the root. The metadata file wins over class subfolders: a folder that has both is read through its
   metadata file (an INFO log says so), never as an ImageFolder. A folder with both metadata files is refused: keep one.
 
-**Reading.** CSV and TSV go through the :mod:`csv` module as UTF-8 (a spreadsheet's byte-order mark is accepted); the first
-row is the header. Blank lines and rows of empty cells are ignored. JSON Lines hold one JSON object per line (blank lines
-ignored); its columns are the keys, a key missing from a row is an empty cell. Line numbers in messages are the file's
-physical lines (a CSV header is line 1).
+**Reading.** UTF-8 (a spreadsheet's byte-order mark is accepted). CSV and TSV: the first row is the header; rows of empty
+cells are ignored. JSON Lines: one object per line, its keys the columns (a missing key is an empty cell). Blank lines are
+ignored; messages name the file's physical lines (a CSV header is line 1).
 
 **Columns** (options of :class:`~lightning_lmdb.sources.ManifestOptions`): the image column ``path_column`` (default
 ``path``, else Hugging Face's ``file_name``); the target column(s) ``label_column`` (default ``label`` when present, else
@@ -36,9 +35,8 @@ is kept (size 0): the build reports it, naming the manifest line (``SourceFile.o
   column). Every row has the same K.
 * ``"none"``: no label column; every target is ``NO_TARGET``.
 
-Inference: names or integers give ``"class"``, lists ``"multilabel"``, numbers with a fraction ``"regression"``.
-Anything mixed or unclear (names with fractional numbers, whole-number floats like ``1.0``, no values) is refused with a
-request to set ``target_kind``. Booleans are not numbers.
+Inference: names or integers give ``"class"``, lists ``"multilabel"``, numbers with a fraction ``"regression"``; anything
+mixed or unclear (names with fractions, whole-number floats like ``1.0``) asks for ``target_kind``. Booleans are not numbers.
 
 **Row errors** do not stop the scan: an empty or malformed label, a label not among ``classes=``, an index out of range,
 an empty image cell, a path out of the root, a path listed twice (the later row), an empty split cell, a FIFO or other
@@ -139,7 +137,7 @@ def has_samples(source: Path, options: ManifestOptions | None = None) -> bool:
     with open(manifest, encoding="utf-8-sig", errors="replace", newline="") as handle:
         if manifest.suffix.lower() not in (".csv", ".tsv"):
             return any(line.strip() for line in handle)
-        rows = (row for row in csv.reader(handle, delimiter=_delimiter(manifest)) if any(row))
+        rows = (row for row in csv.reader(handle, delimiter=("\t" if manifest.suffix.lower() == ".tsv" else ",")) if any(row))
         try:
             return next(rows, None) is not None and next(rows, None) is not None
         except csv.Error as exc:
@@ -221,10 +219,6 @@ def _manifest_file(source: Path, announce: bool = False) -> Path:
     return found[0]
 
 
-def _delimiter(manifest: Path) -> str:
-    return "\t" if manifest.suffix.lower() == ".tsv" else ","
-
-
 def _root(manifest: Path, options: ManifestOptions) -> Path:
     if options.root is None:
         return manifest.parent.resolve()
@@ -243,14 +237,12 @@ def _read_table(manifest: Path) -> _Table:
         line = exc.object.count(b"\n", 0, exc.start) + 1
         raise SourceError(f"{str(manifest)!r} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
                           "save the manifest as UTF-8.") from None
-    if manifest.suffix.lower() in (".csv", ".tsv"):
-        return _read_csv(manifest, text)
-    return _read_jsonl(manifest, text)
+    return (_read_csv if manifest.suffix.lower() in (".csv", ".tsv") else _read_jsonl)(manifest, text)
 
 
 def _read_csv(manifest: Path, text: str) -> _Table:
     table = _Table(repr(str(manifest)), manifest.name, True)
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=_delimiter(manifest))
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=("\t" if manifest.suffix.lower() == ".tsv" else ","))
     header, last = None, 0
     try:
         for row in reader:
@@ -262,7 +254,7 @@ def _read_csv(manifest: Path, text: str) -> _Table:
             else:
                 if len(row) > len(header):
                     table.bad[len(table.rows)] = (f"{len(row)} cells, the header has {len(header)}; quote a cell that holds "
-                                                  f"{'a tab' if _delimiter(manifest) == chr(9) else 'a comma'}")
+                                                  f"{'a tab' if manifest.suffix.lower() == '.tsv' else 'a comma'}")
                 table.rows.append(row)
                 table.lines.append(line)
     except csv.Error as exc:

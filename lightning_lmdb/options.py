@@ -10,6 +10,7 @@ new option is added here only. The CLI takes its ``choices=`` from :data:`CHOICE
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -28,11 +29,10 @@ CHOICES: dict[str, tuple[str, ...]] = {"storage": get_args(Storage), "on_error":
 CONTENT_OPTIONS = ("storage", "max_pixels", "resize", "quality")
 #: The options that give ``LMDBDataModule`` a database of its own (:meth:`BuildOptions.cache_key`; ``quality`` only with
 #: ``resize``): changing one builds another file beside the first, so switching back finds the first still built. The
-#: other content option, ``max_pixels``, rebuilds the same database in place (its stale check compares it), as does
-#: ``manifest`` (how a manifest is read changes the source's fingerprint); the rest
+#: other content option, ``max_pixels``, rebuilds the same database in place (its stale check compares it); the rest
 #: (``workers``, ``on_error``, ``on_stale``, ``overwrite``, ``commit_every``, ``progress``, ``shard``) change how a build
 #: runs, not which database it is.
-CACHE_KEY_OPTIONS = ("storage", "resize", "quality", "shards")
+CACHE_KEY_OPTIONS = ("storage", "resize", "quality", "shards", "manifest")
 
 
 @dataclass(frozen=True)
@@ -122,14 +122,18 @@ class BuildOptions:
         """The part of ``LMDBDataModule``'s database file name hash that comes from the options (:data:`CACHE_KEY_OPTIONS`).
 
         Each is ``"\\0"`` and a value: the storage as is, then ``resize=R`` and ``quality=Q`` when resizing, then
-        ``shards=K`` when sharded. Never change this text: the hash of an existing combination names every cached database
-        built with it, and another text would orphan them all (``tests/test_options.py`` pins it).
+        ``shards=K`` when sharded, then ``manifest=`` and the manifest options set, as sorted JSON, when any is set (two
+        readings of one manifest, e.g. two label columns, are two databases). Never change this text: the hash of an
+        existing combination names every cached database built with it, and another text would orphan them all
+        (``tests/test_options.py`` pins it).
         """
         parts = [self.storage]
         if self.resize is not None:
             parts += [f"resize={self.resize}", f"quality={self.quality}"]
         if self.shards is not None:
             parts.append(f"shards={self.shards}")
+        if not self.manifest.is_default():
+            parts.append("manifest=" + json.dumps(self.manifest.as_dict(), sort_keys=True))
         return "".join(f"\0{part}" for part in parts)
 
     def replace(self, **changes: Any) -> BuildOptions:

@@ -164,7 +164,10 @@ def test_two_given_databases_of_one_name_cannot_share_local_cache_dir(tmp_path: 
 @pytest.mark.slow
 def test_train_py_serves_a_database_without_building(tmp_path: Path) -> None:
     source = make_jpegs(tmp_path / "src", 12, size=16, classes=3)
-    db = Path(build_lmdb(source, tmp_path / "dbs" / "x.lmdb", workers=0, progress=False))
+    db = tmp_path / "dbs" / "x.lmdb"
+    built = subprocess.run([sys.executable, "-m", "lightning_lmdb.cli", "build", str(source), str(db), "--workers", "0"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)  # as a user would: the CLI
+    assert built.returncode == 0 and db.is_file(), built.stderr[-2000:]
     before, cache = _state(db), tmp_path / "cache"
     cmd = [sys.executable, "train.py", "data=lmdb", f"data.train_dir={db}", f"data.cache_dir={cache}", "trainer.max_epochs=1",
            f"paths.data_dir={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}", "data.image_size=16", "loader=debug",
