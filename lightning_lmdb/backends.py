@@ -1,4 +1,5 @@
-"""What ``LMDBDataModule`` does per backend: build and serve LMDB files (:class:`LMDBBackend`) or the image files (:class:`RawBackend`)."""
+"""What ``LMDBDataModule`` does per backend: build and serve LMDB files (:class:`LMDBBackend`) or the source itself (:class:`RawBackend`:
+the image files, or a Dataset source's own samples)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_lmdb import blockread, database, fsops, netfs, sources
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, _ImageDataset
+from lightning_lmdb import blockread, database, datasource, fsops, netfs, sources
+from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset
 from lightning_lmdb.errors import CacheDirError, SourceError
 from lightning_lmdb.format import DatabaseError, Metadata
-from lightning_lmdb.sources import scan_source
+from lightning_lmdb.rawdataset import RawImageDataset, SampleReads, SourceDataset, read_samples, source_labels
+from lightning_lmdb.sources import SourceScan, scan_source
 from lightning_lmdb.staging import stage, staged_path
 from lightning_lmdb.writer import build_lmdb, build_shards, find_bad_files
 
@@ -58,16 +60,20 @@ def recorded_root(given: Path) -> Path:
     return Path(database.load_meta(given).source.root)
 
 
-def _served_meta(dm: LMDBDataModule) -> tuple[Path, Metadata | None, ModuleType | None]:
-    """``dm``'s first source, the metadata of the database it serves for it without reading the source (a given database, or with
-    ``on_stale="ignore"`` an existing one whose source is gone), and the source's kind."""
+def _served_meta(dm: LMDBDataModule) -> tuple[str, Path | Any, Metadata | None, ModuleType | None]:
+    """``dm``'s first split and source, the metadata of the database it serves for it without reading the source (a given
+    database, or with ``on_stale="ignore"`` an existing one whose source is gone), and the source's kind."""
     split, given = next((s, d) for s, d in dm.dirs.items() if d is not None)
     if split in dm.given_databases:
-        return given, database.load_meta(given), None
+        return split, given, database.load_meta(given), None
     kind = sources.kind_of(given)
     if kind is None and dm.backend == "lmdb":  # on_stale="ignore" serves an existing database without its folder
-        return given, database.load_meta(dm.database_path(split)), None
-    return given, None, kind
+        return split, given, database.load_meta(dm.database_path(split)), None
+    return split, given, None, kind
+
+
+def _meta_labels(meta: Metadata) -> sources.Labels:
+    return sources.Labels(meta.classes, meta.class_to_idx, meta.target_kind, meta.target_names)
 
 
 class TargetsMixin:
@@ -112,10 +118,13 @@ class TargetsMixin:
         return labels.target_kind, labels.target_names
 
     def _labels(self: Any) -> sources.Labels:
-        """The first split's labels before ``setup``: a database's metadata, else its source's (:func:`sources.labels_of`)."""
-        given, meta, kind = _served_meta(self)
+        """The first split's labels before ``setup``: a database's metadata, else its source's (:func:`sources.labels_of`; a
+        Dataset's: :meth:`Backend.dataset_labels`)."""
+        split, given, meta, kind = _served_meta(self)
         if meta is not None:
-            return sources.Labels(meta.classes, meta.class_to_idx, meta.target_kind, meta.target_names)
+            return _meta_labels(meta)
+        if kind is datasource:
+            return self._backend.dataset_labels(split)
         return sources.labels_of(given, self.build_options.manifest) if kind is not None else sources.Labels([], {}, "none")
 
 
@@ -124,6 +133,8 @@ class Backend:
 
     def __init__(self, dm: LMDBDataModule):
         self.dm = dm
+        self.reads: dict[str, SampleReads] = {}  # split -> every sample of its Dataset read once (sample_reads)
+        self.labels: dict[str, sources.Labels] = {}  # split -> its Dataset's labels before setup (dataset_labels)
 
     def splits(self) -> list[str]:
         """The splits with a folder."""
@@ -158,6 +169,44 @@ class Backend:
     def block_size(self, split: str, dataset: _ImageDataset) -> int | None:
         """Records per block of a block-shuffled order of ``split``."""
         return getattr(dataset, "block_size", None)
+
+    def current_meta(self, split: str, scan: SourceScan) -> Metadata | None:
+        """The metadata (with its arrays) of ``split``'s database in ``cache_dir`` when it is current: built from ``scan``'s source
+        as it is now, with this module's ``max_pixels``; else ``None``."""
+        built = self.dm.database_path(split)
+        try:
+            meta = database.load_meta(built, arrays=True) if built.exists() else None
+        except (FileNotFoundError, DatabaseError):
+            return None
+        current = meta is not None and meta.source.fingerprint == scan.fingerprint()
+        return meta if current and meta.options.get("max_pixels") == self.dm.build_options.max_pixels else None
+
+    def sample_reads(self, split: str, scan: SourceScan | None = None) -> SampleReads:
+        """Every sample of ``split``'s Dataset read once as a build reads them (:func:`~lightning_lmdb.rawdataset.read_samples`, by
+        ``build_workers`` reader processes; bad ones left out with ``on_error="skip"``, logged), kept for this module."""
+        if split not in self.reads:
+            options = self.dm.build_options
+            scan = scan or scan_source(self.dm.source_path(split), options.manifest)
+            reads = read_samples(scan, max_pixels=options.max_pixels, workers=options.workers, on_error=options.on_error)
+            if reads.bad:
+                log.warning("%d bad samples of %s are left out, as a build leaves them out:\n%s", len(reads.bad), scan.root,
+                            "\n".join(f"  [{s.path}]: {s.reason}" for s in reads.bad))
+            self.reads[split] = reads
+        return self.reads[split]
+
+    def dataset_labels(self, split: str) -> sources.Labels:
+        """The classes and target kind of ``split``'s Dataset before ``setup``, found once: from one sample
+        (:func:`~lightning_lmdb.rawdataset.source_labels`) when that tells them, else a current database's, else every
+        sample read once (:meth:`sample_reads`, which the raw backend's ``setup`` then serves)."""
+        if split not in self.labels:
+            source, options = self.dm.source_path(split), self.dm.build_options
+            found = source_labels(source, options.manifest, read_all=False, max_pixels=options.max_pixels)
+            if found is None:
+                scan = scan_source(source, options.manifest)
+                meta = self.current_meta(split, scan)
+                found = _meta_labels(meta) if meta is not None else self.sample_reads(split, scan).labels
+            self.labels[split] = found
+        return self.labels[split]
 
 
 class LMDBBackend(Backend):
@@ -261,30 +310,29 @@ class RawBackend(Backend):
     def served_path(self, split: str) -> Path:
         return self.dm.source_path(split)
 
-    def open(self, split: str) -> RawImageDataset:
+    def open(self, split: str) -> RawImageDataset | SourceDataset:
         """The files the LMDB backend would serve: the database's sample list when it is current, else validated like a build.
 
         With ``on_error="skip"`` a build leaves bad files out; the raw backend must leave out the same ones
         so that an A/B differs in storage alone. It never builds: it reuses an up-to-date database's list,
         or (none, and ``on_error="skip"``) reads and decodes every file once here, as the builder would.
         A given database's samples are read from the files it was built from, whatever their state.
+        A Dataset source's samples are its own (:class:`~lightning_lmdb.rawdataset.SourceDataset`), with the targets of a
+        current database, else of every sample read once here (:meth:`sample_reads`, whatever ``on_error``: the targets).
         """
         dm, options = self.dm, self.dm.build_options
         if split in dm.given_databases:
             return self._open_given(split)
         folder, built = dm.source_path(split), dm.database_path(split)
         scan = scan_source(folder, options.manifest)
-        if built.exists():
-            try:
-                meta = database.load_meta(built, arrays=True)
-            except (FileNotFoundError, DatabaseError):
-                meta = None
-            current = meta is not None and meta.source.fingerprint == scan.fingerprint()
-            if current and meta.options.get("max_pixels") == options.max_pixels:
-                # the database's size: a block-shuffled order (and shuffle=None's choice) as the lmdb backend's
-                self.sizes[split] = (database.database_bytes(built), meta.count)
-                return RawImageDataset.from_metadata(scan.root, meta)
+        dataset = datasource.dataset_of(scan)
+        meta = self.current_meta(split, scan)
+        if meta is not None:  # the database's size: a block-shuffled order (and shuffle=None's choice) as the lmdb backend's
+            self.sizes[split] = (database.database_bytes(built), meta.count)
+            return RawImageDataset.from_metadata(scan.root, meta) if dataset is None else SourceDataset.from_metadata(dataset, meta)
         self.sizes[split] = (scan.total_bytes, len(scan.files))
+        if dataset is not None:
+            return SourceDataset.from_reads(dataset, self.sample_reads(split, scan))
         if options.on_error != "skip":
             return RawImageDataset.from_scan(scan)
         bad = find_bad_files(scan, max_pixels=options.max_pixels, workers=options.workers)
@@ -299,6 +347,10 @@ class RawBackend(Backend):
         given = self.dm.dirs[split]
         assert given is not None  # a given database
         meta = database.load_meta(given, arrays=True)
+        if meta.source.root.startswith("<dataset "):  # datasource.scan's root: the dataset is not in the database
+            raise SourceError(f"backend='raw' serves a Dataset source's own samples, but {split}_dir {str(given)!r} was built from "
+                              f"{meta.source.root[1:-1]}: pass that dataset as {split}_dir instead (its database is then built in "
+                              "cache_dir), or serve the database itself (Hydra: data.backend=lmdb).")
         if not Path(meta.source.root).is_dir():
             raise SourceError(
                 f"backend='raw' reads the files a database was built from, but {split}_dir {str(given)!r} was built from "

@@ -5,18 +5,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from torch.utils.data import Dataset
 
 from lightning_lmdb import backends, envs, transforms
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset, available_memory
 from lightning_lmdb.decoders import Decoder
 from lightning_lmdb.dm_loaders import DeviceBatchesMixin, LoadersMixin
 from lightning_lmdb.dm_options import (
+    SPLITS,  # noqa: F401 (re-exported: it was defined here)
     Backend,
     DecodeDevice,
     StartMethod,
@@ -28,7 +31,9 @@ from lightning_lmdb.dm_options import (
     default_transforms,
     given_databases,
     manifest_options,
+    plain_source,
     silence_the_both_hooks_warning,
+    source_dirs,
     source_splits,
 )
 from lightning_lmdb.errors import CacheDirError, OptionError  # noqa: F401 (CacheDirError: the backends raise it)
@@ -37,7 +42,6 @@ from lightning_lmdb.sampler import ResumableDataLoader, Shuffle
 from lightning_lmdb.sources import ManifestOptions
 from lightning_lmdb.writer import available_cores
 
-SPLITS = ("train", "val", "test")
 #: The validation share held out of ``train_dir`` when ``val_fraction`` is ``None`` and no ``val_dir`` is given.
 DEFAULT_VAL_FRACTION = 0.1
 
@@ -55,15 +59,24 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "lightning_lmdb"
 
 
-def database_name(folder: Path, options: BuildOptions) -> str:
-    """The file name of ``folder``'s database: its name and a hash of its path and of :meth:`BuildOptions.cache_key`."""
-    text = f"{folder}{options.cache_key()}"
-    key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    return f"{folder.name}-{key}.lmdb"
+def database_name(folder: Path | Any, options: BuildOptions, split: str = "") -> str:
+    """The file name of ``folder``'s database: its name and a hash of its path and of :meth:`BuildOptions.cache_key`.
+
+    For a map-style Dataset: its class name and a hash of its class's qualified name, its length, the ``split`` it is given
+    for (two datasets of one class and length, e.g. ``MyDS("val")`` and ``MyDS("test")``, are two databases) and the cache key
+    (which holds ``manifest.version``): the same in every process and run, never of the object's ``id`` or ``repr``.
+    """
+    if isinstance(folder, Path):
+        text, name = f"{folder}", folder.name
+    else:
+        qualname = type(folder).__qualname__
+        text, name = f"<dataset {qualname}>\0{len(folder)}\0{split}", re.sub(r"[^\w.-]", "_", qualname.rsplit(".", 1)[-1])
+    key = hashlib.sha256(f"{text}{options.cache_key()}".encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{name}-{key}.lmdb"
 
 
-def given_folder(dirs: dict[str, Path | None], split: str) -> Path:
-    """The path given for ``split`` (a folder, a manifest or a database); an :class:`OptionError` when none was."""
+def given_folder(dirs: dict[str, Path | Any], split: str) -> Path | Any:
+    """The data given for ``split`` (a folder, a manifest, a database, or a Dataset); an :class:`OptionError` when none was."""
     folder = dirs[split]
     if folder is None:
         raise OptionError(f"No {split}_dir was given.")
@@ -71,23 +84,28 @@ def given_folder(dirs: dict[str, Path | None], split: str) -> Path:
 
 
 class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
-    """Image folders (or manifests) served to Lightning from LMDB files (``backend="lmdb"``) or from the files (``"raw"``).
+    """Image folders (or manifests, or Datasets) served to Lightning from LMDB files (``backend="lmdb"``) or from the source.
 
     Every setting but ``backend`` is shared, so ``raw`` vs ``lmdb`` is an A/B of storage alone.
 
     Every choice is typed as a ``Literal``, so LightningCLI (jsonargparse) rejects a bad value at parse time;
     ``__init__`` checks them again for callers that do not check types (Hydra's ``instantiate``, plain Python).
     The arguments are saved as hyper-parameters (``self.hparams``, and in checkpoints) as plain values --
-    paths as strings, the transforms left out -- so checkpoints load with ``torch.load(..., weights_only=True)``
-    and ``LMDBDataModule.load_from_checkpoint`` rebuilds the module (with the default transforms unless given).
+    paths as strings, a Dataset as a description (``"<Dataset MyDS of 120 samples, version 2>"``), the transforms left
+    out -- so checkpoints load with ``torch.load(..., weights_only=True)`` and ``LMDBDataModule.load_from_checkpoint``
+    rebuilds the module (with the default transforms unless given; a Dataset must be passed again, e.g. ``train_dir=ds``).
 
     Args:
         train_dir: Training images: a folder (ImageFolder layout or flat), a manifest (.csv/.tsv/.jsonl, or a folder with
-            metadata.csv/.jsonl), or a database (a file or sharded folder built by ``lightning-lmdb build``: served as it is,
-            never rebuilt, nothing written to ``cache_dir`` for it; the raw backend reads the files it was built from).
-        val_dir: Validation images (a folder, a manifest, or a database); or leave ``None`` and hold out ``val_fraction`` of
-            ``train_dir``.
-        test_dir: Test images (a folder, a manifest, or a database; also used by ``predict_dataloader``).
+            metadata.csv/.jsonl), a database (a file or sharded folder built by ``lightning-lmdb build``: served as it is,
+            never rebuilt, nothing written to ``cache_dir`` for it; the raw backend reads the files it was built from), or
+            a map-style Dataset (:mod:`lightning_lmdb.datasource`; kept as it is, its database named by its class, length
+            and ``manifest={"version": ...}``: change the version when its data changes; the raw backend serves the Dataset
+            itself, through the same decoding). Before ``setup``, a Dataset's ``classes`` / ``target_kind`` cost one sample
+            read, or (classes found only in its samples) every sample read once, kept for ``setup``
+            (:meth:`backends.Backend.dataset_labels`).
+        val_dir: Validation images (as ``train_dir``); or leave ``None`` and hold out ``val_fraction`` of ``train_dir``.
+        test_dir: Test images (as ``train_dir``; also used by ``predict_dataloader``).
         val_fraction: Share of ``train_dir`` held out for validation. ``None`` (the default) chooses:
             ``0.1`` without ``val_dir``, no split with one. ``0`` disables the split; a value ``> 0`` together
             with ``val_dir`` is an error.
@@ -172,9 +190,9 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
 
     def __init__(
         self,
-        train_dir: str | os.PathLike[str] | None = None,
-        val_dir: str | os.PathLike[str] | None = None,
-        test_dir: str | os.PathLike[str] | None = None,
+        train_dir: str | os.PathLike[str] | Dataset | None = None,
+        val_dir: str | os.PathLike[str] | Dataset | None = None,
+        test_dir: str | os.PathLike[str] | Dataset | None = None,
         *,
         val_fraction: float | None = None,
         split_seed: int = 0,
@@ -217,13 +235,14 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         check_loader(batch_size, image_size, prefetch_factor, num_workers)
         manifest_given = manifest_options(manifest)
         manifest = manifest_given.as_dict() or None  # plain values, like every hyper-parameter
-        # hyper-parameters are plain values: a Path would not load with torch.load(weights_only=True)
-        train_dir, val_dir, test_dir, cache_dir, local_cache_dir = (
-            None if d is None else os.fspath(d) for d in (train_dir, val_dir, test_dir, cache_dir, local_cache_dir))
+        data = (train_dir, val_dir, test_dir)
+        dirs = source_dirs(data, shards, manifest_given)  # a Dataset is kept as it is, never os.fspath'd
+        # hyper-parameters are plain values: a Path (or a Dataset) would not load with torch.load(weights_only=True)
+        train_dir, val_dir, test_dir = (plain_source(d, manifest_given) for d in data)
+        cache_dir, local_cache_dir = (None if d is None else os.fspath(d) for d in (cache_dir, local_cache_dir))
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.save_hyperparameters(ignore=["train_transform", "eval_transform"])
-        self.dirs = {name: None if d is None else Path(d).expanduser().resolve()
-                     for name, d in zip(SPLITS, (train_dir, val_dir, test_dir), strict=True)}
+        self.dirs: dict[str, Path | Any] = dirs  # each split's folder, manifest or database (resolved), or Dataset, or None
         if val_fraction is None:
             val_fraction = DEFAULT_VAL_FRACTION if val_dir is None and train_dir is not None else 0.0
         self.val_fraction: float = float(val_fraction)
@@ -258,7 +277,8 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
     # --- paths -----------------------------------------------------------------------------------
 
     def database_path(self, split: str, options: BuildOptions | None = None) -> Path:
-        """Where the database of ``split``'s folder lives (deterministic: every rank computes the same); a given database itself.
+        """Where the database of ``split``'s source lives (every rank and run computes the same: :func:`database_name`); a given
+        database itself.
 
         Args:
             split: ``"train"``, ``"val"`` or ``"test"``.
@@ -266,10 +286,11 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         """
         if split in self.given_databases:
             return given_folder(self.dirs, split)
-        return self.cache_dir / database_name(given_folder(self.dirs, split), options or self.build_options)
+        return self.cache_dir / database_name(given_folder(self.dirs, split), options or self.build_options, split)
 
-    def source_path(self, split: str) -> Path:
-        """The source of ``split`` as this module reads it: the folder or manifest, or the folder a given database was built from."""
+    def source_path(self, split: str) -> Path | Any:
+        """The source of ``split`` as this module reads it: the folder, manifest or Dataset, or the folder a given database was built
+        from."""
         given = given_folder(self.dirs, split)
         return backends.recorded_root(given) if split in self.given_databases else given
 

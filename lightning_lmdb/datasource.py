@@ -22,14 +22,14 @@ the building process with ``workers=0``. A sample whose ``__getitem__`` raises, 
 target is malformed is a bad sample: with ``on_error="raise"`` a :class:`~lightning_lmdb.errors.BuildError` names its
 index, with ``on_error="skip"`` it is left out and recorded under its index (``"17"``).
 
-**Targets** are known only once the samples are read (``SourceScan.targets_from_records``): each record's target
-travels with it from the reader and is committed with it (its progress entry), so a killed build resumes with the
-targets of the records it had committed. The kind is ``target_kind=`` when given, else the first sample's decides
-(int or name: ``class``; a list: ``multilabel``; a float or float list / tensor: ``regression``; ``None``: ``none``);
-a later target that does not fit it is a bad sample (set ``target_kind=`` when the first sample misleads). The classes
-are ``classes=`` when given, else the dataset's ``classes`` attribute (torchvision datasets), else the names of a
-Hugging Face dataset's ``features["label"]``, else the sorted names found (names) or ``"0"`` .. ``"N"`` (indices, N the
-largest). A regression target of K numbers gets the names ``value0`` .. ``value{K-1}``.
+**Targets** are known only once the samples are read (``SourceScan.targets_from_records``): each record's target is
+committed with it (its progress entry), so a killed build resumes with the targets of the records it had committed. The
+kind is ``target_kind=`` when given, else the first sample's decides (int or name: ``class``; a list: ``multilabel``; a
+float or float list / tensor: ``regression``; ``None``: ``none``); a later target that does not fit it is a bad sample
+(set ``target_kind=`` when the first sample misleads). The classes are ``classes=`` when given, else the dataset's
+``classes`` attribute (torchvision datasets), else the names of a Hugging Face dataset's ``features["label"]``, else the
+sorted names found (names) or ``"0"`` .. ``"N"`` (indices, N the largest). A regression target of K numbers gets the
+names ``value0`` .. ``value{K-1}``. :func:`labels` knows them before a build, as cheaply as it can.
 
 **When it is rebuilt.** A dataset's contents cannot be fingerprinted without reading it all, so its database records
 the dataset's class name, its length and the ``version=`` you give (and ``target_kind`` / the classes): change
@@ -54,10 +54,10 @@ from PIL import Image
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import ImageDecodeError, encode_record
 from lightning_lmdb.errors import LightningLMDBError, NotRegularFileError, OptionError, SourceError
-from lightning_lmdb.sources import NO_TARGET, ManifestOptions, SourceFile, SourceScan, Target, read_file
+from lightning_lmdb.sources import NO_TARGET, Labels, ManifestOptions, SourceFile, SourceScan, Target, read_file
 
-__all__ = ["DatasetScan", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of", "has_samples", "read_sample",
-           "record_entry", "scan", "split_entry"]
+__all__ = ["DatasetScan", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of", "has_samples", "labels", "read_sample",
+           "record_entry", "sample_image", "sample_parts", "scan", "split_entry"]
 
 #: The keys of a mapping sample that hold its image, then its target (the first one present is used).
 IMAGE_KEYS = ("image", "img")
@@ -118,13 +118,18 @@ def has_samples(source: Any, options: ManifestOptions | None = None) -> bool:
 
 
 def classes(source: Any, options: ManifestOptions | None = None) -> tuple[list[str], dict[str, int]]:
-    """The classes known without reading a sample: ``classes=``, the dataset's ``classes``, a Hugging Face label's names.
-
-    Class names or indices found only in the samples are known once the database is built (its metadata); before that
-    this returns no classes.
-    """
+    """The classes known without reading a sample: ``classes=``, the dataset's ``classes``, a Hugging Face label's names
+    (none when they are found only in the samples: see :func:`labels`)."""
     given = _given_classes(source, options or ManifestOptions()) or []
     return list(given), {c: k for k, c in enumerate(given)}
+
+
+def labels(source: Any, options: ManifestOptions | None = None) -> Labels:
+    """The classes and target kind a database built from ``source`` has, as cheaply as they can be known (one sample read, or
+    every sample when the classes are found only in them): :func:`lightning_lmdb.rawdataset.source_labels`."""
+    from lightning_lmdb.rawdataset import source_labels  # here: it imports torch, which a build from a dataset does not need
+
+    return source_labels(source, options or ManifestOptions())
 
 
 def dataset_of(scan: SourceScan) -> Any | None:
@@ -142,10 +147,9 @@ def _length(source: Any) -> int:
         raise SourceError(f"{_name(source)} is an IterableDataset: it has no random access, so it cannot be packed (or resumed). "
                           "Pack a map-style dataset (with __len__ and __getitem__), or write its images to a folder first.")
     try:
-        count = len(source)
+        return len(source)
     except TypeError as exc:
         raise SourceError(f"The dataset {_name(source)} has no length ({exc}); a map-style dataset defines __len__.") from None
-    return count
 
 
 def _given_classes(source: Any, options: ManifestOptions) -> list[str] | None:
@@ -198,8 +202,8 @@ def read_sample(dataset: Any, task: tuple[int, str, str, int | None, int | None,
         task: ``(index, key, storage or "check", max_pixels, resize, quality)``; ``key`` is the sample's index as text.
 
     Returns:
-        ``(index, value, entry)`` (``entry``: :func:`record_entry`, the record's progress entry with its target), or
-        ``(index, None, reason)`` for a bad sample.
+        ``(index, value, entry)`` (``entry``: :func:`record_entry`, the record's progress entry with its target; with
+        ``"check"``: ``value`` is ``b""`` and ``entry`` the plain target), or ``(index, None, reason)`` for a bad sample.
     """
     index, key, storage, max_pixels, resize, quality = task
     try:
@@ -207,9 +211,10 @@ def read_sample(dataset: Any, task: tuple[int, str, str, int | None, int | None,
     except Exception as exc:  # noqa: BLE001 - the dataset's own error, reported as this sample's problem
         return index, None, f"dataset[{key}] raised {type(exc).__name__}: {exc}"
     try:
-        image, target = _parts(sample)
+        image, target = sample_parts(sample)
         target = _plain_target(target)
-        data = _image_bytes(image)
+        found = sample_image(image)
+        data = _png(found) if isinstance(found, Image.Image) else found
     except _BadSample as exc:
         return index, None, str(exc.args[0])
     except NotRegularFileError as exc:
@@ -218,9 +223,9 @@ def read_sample(dataset: Any, task: tuple[int, str, str, int | None, int | None,
         return index, None, f"cannot read its image file {str(exc.filename or image)!r} ({exc.strerror or exc})."
     name = f"{type(dataset).__qualname__}[{key}]"
     try:
-        if storage == "check":  # validation only (find_bad_files)
+        if storage == "check":  # validation only (find_bad_files, the raw backend's read of every sample)
             encode_record(data, "encoded", max_pixels=max_pixels, name=name)
-            return index, b"", b""
+            return index, b"", target
         codec, value = encode_record(data, storage, max_pixels=max_pixels, name=name, resize=resize, quality=quality)
     except ImageDecodeError as exc:
         return index, None, exc.reason
@@ -245,7 +250,7 @@ def split_entry(entry: bytes) -> tuple[bytes, Any]:
     return entry[:head], json.loads(entry[head:])
 
 
-def _parts(sample: Any) -> tuple[Any, Any]:
+def sample_parts(sample: Any) -> tuple[Any, Any]:
     """A sample's ``(image, target)``."""
     if isinstance(sample, Mapping):
         key = next((k for k in IMAGE_KEYS if k in sample), None)
@@ -262,14 +267,14 @@ def _parts(sample: Any) -> tuple[Any, Any]:
     return sample, None
 
 
-def _image_bytes(image: Any) -> bytes:
-    """The encoded image file of a sample's image (pixels become a PNG)."""
+def sample_image(image: Any) -> Image.Image | bytes:
+    """A sample's image as a PIL image (pixels: a PIL image, an array, a tensor) or as the bytes of its image file."""
     if isinstance(image, (str, os.PathLike)):
         return read_file(image)
     if isinstance(image, (bytes, bytearray, memoryview)):
         return bytes(image)
     if isinstance(image, Image.Image):
-        return _png(image)
+        return image
     if isinstance(image, Mapping) and ("bytes" in image or "path" in image):  # a Hugging Face Image feature with decode=False
         if image.get("bytes") is not None:
             return bytes(image["bytes"])
@@ -284,22 +289,22 @@ def _image_bytes(image: Any) -> bytes:
             image = image.permute(1, 2, 0)
         elif image.ndim != 2:
             raise _BadSample(f"the image is a tensor of shape {tuple(image.shape)}; expected C x H x W (C from 1 to 4) or H x W.")
-        return _png_of_array(image.detach().cpu().numpy())
+        return _pil_of_array(image.detach().cpu().numpy())
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8:
             raise _BadSample(f"the image is a {image.dtype} array; convert it to uint8 (values 0-255), e.g. "
                              "(x * 255).round().clip(0, 255).astype(np.uint8) for values in [0, 1].")
         if not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 2, 3, 4))):
             raise _BadSample(f"the image is an array of shape {image.shape}; expected H x W x C (C from 1 to 4) or H x W.")
-        return _png_of_array(image)
+        return _pil_of_array(image)
     raise _BadSample(f"the image is a {type(image).__module__}.{type(image).__qualname__}; expected a path, the bytes of an image "
                      "file, a PIL image, a uint8 array (H x W x C) or a uint8 tensor (C x H x W).")
 
 
-def _png_of_array(pixels: np.ndarray) -> bytes:
+def _pil_of_array(pixels: np.ndarray) -> Image.Image:
     if pixels.ndim == 3 and pixels.shape[2] == 1:
         pixels = pixels[:, :, 0]
-    return _png(Image.fromarray(np.ascontiguousarray(pixels)))
+    return Image.fromarray(np.ascontiguousarray(pixels))
 
 
 def _png(image: Image.Image) -> bytes:
@@ -371,22 +376,11 @@ _SHAPE_WORDS = {"none": "no target", "int": "a class index", "name": "a class na
 
 def _shape(raw: Any) -> str:
     """What a plain target looks like: ``none``, ``int``, ``name``, ``float``, ``ints``, ``names``, ``empty``, ``floats`` or ``other``."""
-    if raw is None:
-        return "none"
-    if isinstance(raw, bool):
-        return "other"
-    if isinstance(raw, (int, float, str)):
-        return {int: "int", float: "float", str: "name"}[type(raw)]
-    if not isinstance(raw, list):
-        return "other"
-    if not raw:
-        return "empty"
+    scalar = {type(None): "none", int: "int", float: "float", str: "name"}  # by exact type: a bool is none of them
+    if not isinstance(raw, list) or not raw:
+        return scalar.get(type(raw), "other") if not isinstance(raw, list) else "empty"
     kinds = {type(v) for v in raw}
-    if kinds == {int}:
-        return "ints"
-    if kinds == {str}:
-        return "names"
-    return "floats" if kinds <= {int, float} else "other"
+    return "ints" if kinds == {int} else "names" if kinds == {str} else "floats" if kinds <= {int, float} else "other"
 
 
 class RecordTargets:
@@ -487,11 +481,9 @@ class RecordTargets:
             values: list[Target] = [tuple(float(v) for v in (raw if isinstance(raw, list) else [raw])) for raw in raws]
             return FoundTargets("regression", [], [f"value{k}" for k in range(width)], values)
         classes = self.classes
-        if classes is None:
-            if self.flavour == "name":
-                classes = sorted({item for raw in raws for item in (raw if isinstance(raw, list) else [raw])})
-            else:
-                classes = [str(k) for k in range(self.top + 1)]
+        if classes is None:  # the names found, sorted; or the indices up to the largest
+            classes = (sorted({item for raw in raws for item in (raw if isinstance(raw, list) else [raw])}) if self.flavour == "name"
+                       else [str(k) for k in range(self.top + 1)])
         known = {c: k for k, c in enumerate(classes)}
 
         def index(item: int | str) -> int:

@@ -7,8 +7,10 @@ call those, adding the Hydra key.
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -17,12 +19,14 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from lightning_lmdb import database, sources, transforms
+from lightning_lmdb import database, datasource, sources, transforms
 from lightning_lmdb.decoders import check_decoder
 from lightning_lmdb.errors import DatabaseError, OptionError, SourceError
 from lightning_lmdb.sampler import check_shuffle
 from lightning_lmdb.sources import ManifestOptions
 
+#: The DataModule's splits, in the order of its ``train_dir``, ``val_dir`` and ``test_dir`` arguments.
+SPLITS = ("train", "val", "test")
 Backend = Literal["lmdb", "raw"]
 #: A DataLoader worker start method (``None`` in ``LMDBDataModule`` means the platform default).
 StartMethod = Literal["fork", "spawn", "forkserver"]
@@ -102,13 +106,15 @@ def check_loader(batch_size: Any, image_size: Any, prefetch_factor: Any, num_wor
 LMDB_MAGIC = 0xBEEFC0DE
 
 
-def is_database(path: Path) -> bool:
+def is_database(path: Path | Any) -> bool:
     """Whether ``path`` is a database to serve as it is, not a source to build one from (cheap checks only, nothing is opened).
 
     A folder is one when :func:`lightning_lmdb.database.is_sharded` says so (its manifest, or the shards or locks of its
     build): checked before the folder is taken as an image folder. A regular file is one when it starts as an LMDB file does;
-    any other file is a manifest, or refused.
+    any other file is a manifest, or refused. A Dataset is no database.
     """
+    if not isinstance(path, Path):
+        return False
     if path.is_dir():
         return database.is_sharded(path)
     if not path.is_file():  # a FIFO or a device is never opened
@@ -166,10 +172,11 @@ def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, data
                   manifest: ManifestOptions, databases: Collection[str] = ()) -> None:
     """Refuse a given source that does not exist or holds no images (with ``serve_without_folder``: unless its database exists).
 
-    The splits in ``databases`` are given databases, not sources: they are left alone.
+    The splits in ``databases`` are given databases, not sources, and a Dataset was checked by :func:`source_dirs`: they are
+    left alone.
     """
     for split, folder in dirs.items():
-        if folder is None or split in databases:
+        if folder is None or split in databases or not isinstance(folder, Path):
             continue
         kind = sources.kind_of(folder)
         if kind is None and not (serve_without_folder and database_path(split).exists()):
@@ -186,6 +193,54 @@ def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, data
                 f"one subfolder per class (ImageFolder layout) or directly in the folder, or a manifest listing them. Pass the folder "
                 f"that holds your images (Hydra: data.{split}_dir=/path/to/images)."
             )
+
+
+#: How the hyper-parameters record a Dataset given for a split (:func:`plain_source`).
+_DESCRIBED = re.compile(r"<Dataset \S+ of \d+ samples(, version .+)?>")
+
+
+def plain_source(value: Any, manifest: ManifestOptions) -> str | None:
+    """A split's data (as given) as a plain hyper-parameter: a path as a string; a Dataset (never saved) as a description,
+    ``"<Dataset MyDS of 120 samples, version 2>"`` (its class, length and ``manifest.version``)."""
+    if value is None or not datasource.accepts(value):
+        return None if value is None else os.fspath(value)
+    version = "" if manifest.version is None else f", version {manifest.version}"
+    return f"<Dataset {type(value).__qualname__} of {len(value)} samples{version}>"
+
+
+def source_dirs(given: Sequence[Any], shards: int | None, manifest: ManifestOptions) -> dict[str, Any]:
+    """Each split's data as ``LMDBDataModule`` keeps it: a path expanded and resolved, a map-style Dataset as it is (never
+    ``os.fspath``'d), or ``None``.
+
+    Raises:
+        OptionError: A value that is neither a path nor a Dataset, or a checkpoint's description of a Dataset
+            (:func:`plain_source`) in its place; with a Dataset: ``shards``, or a manifest-only option (named, with the Hydra key).
+        SourceError: An empty Dataset, or an ``IterableDataset``.
+    """
+    dirs: dict[str, Any] = {}
+    for split, value in zip(SPLITS, given, strict=True):
+        key = f"{split}_dir"
+        if isinstance(value, str) and _DESCRIBED.fullmatch(value):
+            raise OptionError(f"{key}={value!r} is how a checkpoint records a Dataset, which is not saved with it: pass the dataset "
+                              f"again, e.g. LMDBDataModule.load_from_checkpoint(path, {key}=my_dataset).")
+        if value is None or isinstance(value, (str, os.PathLike)):
+            dirs[split] = None if value is None else Path(value).expanduser().resolve()
+            continue
+        if not datasource.accepts(value):
+            raise OptionError(f"{key} is a {type(value).__module__}.{type(value).__qualname__}: pass a folder, a manifest or a database "
+                              f"(a path; Hydra: data.{key}=/path/to/images), or a map-style Dataset (with __len__ and __getitem__).")
+        name = type(value).__qualname__
+        if shards is not None:
+            raise OptionError(f"shards={shards} does not apply to a Dataset source ({key} is a {name}): its database is one file. "
+                              "Leave shards unset (Hydra: data.shards=null).")
+        try:
+            datasource.classes(value, manifest)  # refuses a manifest-only option
+        except OptionError as exc:
+            raise OptionError(f"{key}: {exc} (Hydra: data.manifest.<option>=null)") from exc
+        if not datasource.has_samples(value, manifest):
+            raise SourceError(f"{key} is an empty Dataset ({name}, len() is 0): nothing to serve. Pass a dataset with samples.")
+        dirs[split] = value
+    return dirs
 
 
 def decode_size_for(decode_size: int | str | None, transform: Any, image_size: int) -> int | None:

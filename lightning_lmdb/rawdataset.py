@@ -1,28 +1,35 @@
-"""``RawImageDataset``: the samples of a source read straight from its image files (the raw side of an A/B).
+"""``RawImageDataset``: the samples of a source read straight from its image files (the raw side of an A/B); and
+``SourceDataset``: the samples of a map-style dataset source read from the dataset itself.
 
-It shares everything but the bytes' origin with :class:`lightning_lmdb.dataset.LMDBImageDataset` (see that
+Both share everything but the bytes' origin with :class:`lightning_lmdb.dataset.LMDBImageDataset` (see that
 module's docstring): the same view, transforms, decoders and typed targets.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from PIL import Image
 
+from lightning_lmdb import datasource, readers
 from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS
 from lightning_lmdb.dataset import _ImageDataset, kind_of
-from lightning_lmdb.decoders import decode
+from lightning_lmdb.decoders import ImageDecodeError, decode, hwc_to_tensor
 from lightning_lmdb.decoding import check_decoding
-from lightning_lmdb.sources import ManifestOptions, SourceScan, read_file, scan_source
+from lightning_lmdb.errors import BuildError, LightningLMDBError
+from lightning_lmdb.sources import Labels, ManifestOptions, SourceScan, read_file, scan_source
 from lightning_lmdb.targets import TargetTable
+
+log = logging.getLogger(__name__)
 
 
 class RawImageDataset(_ImageDataset):
@@ -130,3 +137,183 @@ class RawImageDataset(_ImageDataset):
         if marks is not None:
             marks.append(time.perf_counter())
         return self._deferred(data) or decode(data, self.decoder, decode_size=self.decode_size, name=path)
+
+
+# --- a map-style dataset source, served from the dataset itself ----------------------------------------------------------
+
+
+class SampleReads(NamedTuple):
+    """What reading every sample of a dataset once, as a build does (:func:`read_samples`), found.
+
+    Attributes:
+        keys: The dataset indices of the samples a build keeps, in order (``int64``).
+        targets: Their targets (the build's: same kind and classes).
+        classes: The class names in index order (``[]`` for ``regression`` / ``none``).
+        target_names: The K names of a regression target.
+        bad: The samples a build with ``on_error="skip"`` leaves out (path: the index as text), with the reason.
+    """
+
+    keys: np.ndarray
+    targets: TargetTable
+    classes: list[str]
+    target_names: list[str]
+    bad: list[fmt.Skipped]
+
+    @property
+    def labels(self) -> Labels:
+        """The classes and target kind."""
+        return Labels(list(self.classes), {c: k for k, c in enumerate(self.classes)}, self.targets.kind, list(self.target_names))
+
+
+def read_samples(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = 0,
+                 on_error: str = "skip") -> SampleReads:
+    """Read and check every sample of a dataset's scan (:func:`lightning_lmdb.datasource.scan`) once, as a build does:
+    the same reads (:func:`lightning_lmdb.datasource.read_sample`, in the builder's reader pool), bad samples and targets
+    (:class:`~lightning_lmdb.datasource.RecordTargets`: the same kind and classes), without storing anything.
+
+    Args:
+        scan: The dataset's scan.
+        max_pixels: The builder's decompression-bomb limit.
+        workers: Reader processes (``None``: one per core; ``0``: in this process).
+        on_error: ``"skip"`` leaves bad samples out (:attr:`SampleReads.bad`); ``"raise"`` raises at the first one, as a build would.
+
+    Raises:
+        BuildError: A bad sample with ``on_error="raise"``, or no good sample at all.
+    """
+    dataset = datasource.dataset_of(scan)
+    tasks: list[readers._Task] = [(i, f.relpath, "check", max_pixels, None, 0) for i, f in enumerate(scan.files)]
+    fitting = datasource.RecordTargets.of(scan)
+    keys: list[int] = []
+    raws: list[Any] = []
+    bad: list[fmt.Skipped] = []
+    with readers._read_files(tasks, readers.available_cores() if workers is None else workers, dataset) as results:
+        for index, value, entry in results:
+            reason = entry if value is None else fitting.check(entry)
+            if reason is None:
+                keys.append(index)
+                raws.append(entry)
+            elif on_error == "raise":
+                raise BuildError(f"{scan.files[index].path}: {reason}\nFix the sample, or pass on_error='skip' to leave bad samples out "
+                                 "(Hydra: data.on_error=skip).")
+            else:
+                bad.append(fmt.Skipped(scan.files[index].relpath, reason))
+    if not keys:
+        raise BuildError(f"Every sample of {str(scan.root)!r} is bad; nothing to serve. The reasons: "
+                         + "; ".join(f"[{s.path}] {s.reason}" for s in bad[:5]) + (" ..." if len(bad) > 5 else ""))
+    found = datasource.RecordTargets.of(scan).finish(raws)
+    width = len(found.classes) if found.kind == "multilabel" else len(found.target_names)
+    table = TargetTable.pack(found.kind, found.targets, width).freeze()
+    return SampleReads(np.array(keys, dtype=np.int64), table, list(found.classes), list(found.target_names), bad)
+
+
+def source_labels(source: Any, options: ManifestOptions | None = None, *, read_all: bool = True,
+                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Labels | None:
+    """The classes and target kind of a database built from the dataset ``source``, as cheaply as they can be known
+    (:func:`lightning_lmdb.datasource.labels`).
+
+    The kind is ``target_kind=``, else the first good sample's (one sample read, as a build's first record decides); a
+    regression target's names come from that sample's length; the classes are ``classes=`` or the dataset's own
+    (:func:`lightning_lmdb.datasource.classes`). Classes found only in the samples (names, or indices without
+    ``classes``) need every sample read once (:func:`read_samples`, in this process): done with ``read_all``, else
+    ``None`` is returned.
+    """
+    options = options or ManifestOptions()
+    given = datasource.classes(source, options)[0]
+    fitting = datasource.RecordTargets(options.target_kind, given or None)
+    if fitting.kind in (None, "regression"):
+        for i in range(len(source)):
+            _, value, raw = datasource.read_sample(source, (i, str(i), "check", max_pixels, None, 0))
+            if value is not None and fitting.check(raw) is None:
+                break
+    kind = fitting.kind or "none"
+    if kind in ("none", "regression"):
+        return Labels([], {}, kind, [f"value{k}" for k in range(fitting.width or 0)] if kind == "regression" else [])
+    if given:
+        return Labels(given, {c: k for k, c in enumerate(given)}, kind)
+    if not read_all:
+        return None
+    return read_samples(datasource.scan(source, options), max_pixels=max_pixels, workers=0).labels
+
+
+class SourceDataset(_ImageDataset):
+    """The samples of a map-style dataset source served from the dataset itself: the raw side of an A/B whose source is a
+    ``Dataset`` (``LMDBDataModule(train_dir=my_dataset, backend="raw")``).
+
+    Sample ``i`` is ``dataset[keys[i]]``'s image as a database built from ``dataset`` serves it -- pixels (a PIL image, an
+    array, a tensor) converted to RGB as the build's lossless PNG of them decodes (no PNG is made), image files (a path,
+    bytes) decoded by the same decoder -- and the target the build found for it (:class:`SampleReads`, or the database's).
+
+    Args:
+        dataset: The map-style dataset (pickled with this one for ``spawn`` / ``forkserver`` workers).
+        keys: The dataset indices served (the samples a build keeps), in order.
+        targets: Their targets.
+        classes: The class names in index order.
+        kind: ``(target kind, target names, split names)``.
+        transform, target_transform, decoder, decode_size, indices: As :class:`RawImageDataset`.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        keys: Sequence[int] | np.ndarray,
+        targets: TargetTable,
+        classes: Sequence[str],
+        kind: tuple[str, list[str], list[str]],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        *,
+        decoder: str = "pil",
+        decode_size: int | None = None,
+        indices: Sequence[int] | None = None,
+    ):
+        self.dataset = dataset
+        self._keys = np.asarray(keys, dtype=np.int64)
+        self._keys.flags.writeable = False
+        if len(targets) != len(self._keys):
+            raise ValueError(f"{len(targets)} targets for {len(self._keys)} samples.")
+        self._targets, self._paths = targets, None
+        super().__init__(list(classes), {c: k for k, c in enumerate(classes)}, len(self._keys), transform, target_transform, indices,
+                         decoder, decode_size, kind)
+
+    @classmethod
+    def from_metadata(cls, dataset: Any, meta: fmt.Metadata, transform: Callable[[Any], Any] | None = None) -> SourceDataset:
+        """The samples a database built from ``dataset`` holds -- same order, classes, targets and skipped samples -- read from
+        ``dataset`` (``meta`` read with ``arrays=True``: its records' paths are the dataset indices)."""
+        if meta.paths is None:
+            raise ValueError("from_metadata needs metadata read with arrays=True (the paths).")
+        found = cls(dataset, np.array(meta.paths.tolist(), dtype=np.int64), meta.target_table(), meta.classes, kind_of(meta), transform)
+        found._paths = meta.paths
+        return found
+
+    @classmethod
+    def from_reads(cls, dataset: Any, reads: SampleReads, transform: Callable[[Any], Any] | None = None) -> SourceDataset:
+        """The samples :func:`read_samples` kept, read from ``dataset``."""
+        return cls(dataset, reads.keys, reads.targets, reads.classes, (reads.targets.kind, list(reads.target_names), []), transform)
+
+    def _all_targets(self) -> TargetTable:
+        return self._targets
+
+    def _path_table(self) -> fmt.PathTable:
+        if self._paths is None:  # as a database built from the dataset names its records: the index as text
+            self._paths = fmt.PathTable.from_strings(map(str, self._keys.tolist()))
+        return self._paths
+
+    def rows_of_split(self, name: str) -> np.ndarray:
+        """No split: a dataset source assigns none."""
+        return np.zeros(0, np.int64)
+
+    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
+        key = int(self._keys[row])
+        sample = self.dataset[key]
+        if marks is not None:
+            marks.append(time.perf_counter())
+        name = f"{type(self.dataset).__qualname__}[{key}]"
+        try:
+            found = datasource.sample_image(datasource.sample_parts(sample)[0])
+            # pixels: what decoding the build's lossless PNG of them gives (their RGB conversion), without making the PNG
+            rgb = found.convert("RGB") if isinstance(found, Image.Image) else None
+        except (LightningLMDBError, OSError, ValueError, SyntaxError, EOFError) as exc:  # it read well when it was checked
+            raise ImageDecodeError(name, f"it no longer reads as it did ({type(exc).__name__}: {exc}).") from exc
+        if rgb is None:  # an image file: decoded as the database's record of it is
+            return self._deferred(found) or decode(found, self.decoder, decode_size=self.decode_size, name=name)
+        return rgb if self.decoder == "pil" else hwc_to_tensor(np.array(rgb))

@@ -18,6 +18,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 
 from lightning_lmdb import codec
 from lightning_lmdb import dataset as dataset_module
+from lightning_lmdb import rawdataset as rawdataset_module
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
 from lightning_lmdb.experiment.callbacks import PerfMonitor, cpu_ticks, loader_stats_of, usable_cpus
 from lightning_lmdb.experiment.toy_model import NoOpModel
@@ -132,7 +133,8 @@ def test_each_stage_books_its_own_time(data, monkeypatch: pytest.MonkeyPatch, ki
             slowed = tuple(dataclasses.replace(kind, decode=_slowed(kind.decode)) for kind in codec.RECORD_CODECS)
             monkeypatch.setattr(codec, "RECORD_CODECS", slowed)
         else:
-            monkeypatch.setattr(dataset_module, name, _slowed(getattr(dataset_module, name)))
+            module = rawdataset_module if kind == "raw" else dataset_module
+            monkeypatch.setattr(module, name, _slowed(getattr(module, name)))
     stats = dataset.enable_loader_stats()
     dataset[0]  # opening the database, first imports: outside the period
     LoaderStats.next_period()

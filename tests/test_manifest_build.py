@@ -188,6 +188,7 @@ def test_a_relabelled_manifest_is_stale_and_verify_names_the_record(tmp_path: Pa
 
 BAD_ROWS = {  # what the row holds -> (the text the error names, beside the line)
     "missing image": ({"path": "nowhere.png", "label": "cat"}, "nowhere.png"),
+    "unreadable image": ({"path": "corrupt.jpg", "label": "cat"}, "corrupt.jpg"),
     "empty label": ({"path": "{ok}", "label": ""}, "label"),
     "label not in classes": ({"path": "{ok}", "label": "dgo"}, "dgo"),
     "path escaping root": ({"path": "../outside.png", "label": "cat"}, "outside.png"),
@@ -198,6 +199,7 @@ BAD_ROWS = {  # what the row holds -> (the text the error names, beside the line
 @pytest.mark.parametrize("case", list(BAD_ROWS))
 def test_a_bad_row_names_its_line_and_leaves_no_database(tmp_path: Path, case: str) -> None:
     paths = _images(tmp_path / "data", 5)
+    (tmp_path / "data" / "corrupt.jpg").write_bytes(b"\xff\xd8 not really a JPEG")
     rows = _rows(paths[:4], "class")
     bad, named = BAD_ROWS[case]
     bad = {k: v.format(ok=paths[4], first=paths[0]) for k, v in bad.items()}  # paths[4]: a good image no other row lists
@@ -321,3 +323,14 @@ def test_train_py_trains_on_a_multilabel_manifest_and_its_ab(tmp_path: Path) -> 
     assert "train/f1" in metrics and "train/acc" not in metrics, "the multi-label loss and metric were chosen"
     assert (tmp_path / "runs" / "comparison.txt").exists()
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_malformed_regression_value_names_its_line(tmp_path: Path) -> None:
+    paths = _images(tmp_path / "data", 3)
+    rows = [{"path": p, "label": v} for p, v in zip(paths, ["0.5", "abc", "1.25"], strict=True)]
+    manifest = _write(tmp_path / "data" / "labels.csv", rows)
+    with pytest.raises(BuildError, match=r"labels.csv line 3.*abc"):
+        build_lmdb(manifest, tmp_path / "out.lmdb", workers=0, progress=False, target_kind="regression")
+    assert not (tmp_path / "out.lmdb").exists()
+    report = build(manifest, tmp_path / "out.lmdb", workers=0, progress=False, target_kind="regression", on_error="skip")
+    assert report.count == 2 and LMDBImageDataset(tmp_path / "out.lmdb").targets == [[0.5], [1.25]]

@@ -32,7 +32,8 @@ class ExperimentDataModule(LMDBDataModule):
             backend read the folders (a manifest's folder), and the LMDB backend its database file, through read-only latency mounts
             (:mod:`lightning_lmdb.netfs`, needs FUSE) at stable points in ``<cache_dir>.netfs/`` (a database's
             cache key hashes the real folder, so nothing is rebuilt because of them); they are unmounted when the
-            process exits. With ``cold_cache`` the mounts keep no file contents cached either. ``None``: off.
+            process exits. With ``cold_cache`` the mounts keep no file contents cached either. ``None``: off. A Dataset source
+            has no files to mount: it is refused with it.
         **kwargs: :class:`~lightning_lmdb.LMDBDataModule`'s settings.
 
     Attributes:
@@ -52,15 +53,22 @@ class ExperimentDataModule(LMDBDataModule):
         self.timings: dict[str, float] = {}
         # not super(): LMDBDataModule saves its own (plain) arguments as hyper-parameters, these are added below
         LMDBDataModule.__init__(self, *args, **kwargs)
+        datasets = [f"{split}_dir" for split, source in self.dirs.items() if source is not None and not isinstance(source, Path)]
+        if netfs_latency_ms is not None and datasets:
+            raise OptionError(f"netfs_latency_ms={netfs_latency_ms} emulates network storage by mounting folders, and "
+                              f"{', '.join(datasets)} {'is a Dataset' if len(datasets) == 1 else 'are Datasets'}, not a folder: leave "
+                              "netfs_latency_ms unset (Hydra: data.netfs_latency_ms=null), or write the images to a folder and pass that.")
         self.save_hyperparameters({**self.hparams, "cold_cache": cold_cache, "netfs_latency_ms": netfs_latency_ms})
         if cold_cache and self.persistent_workers and self.num_workers > 0:
             rank_zero_warn("cold_cache=True turns persistent_workers off: live workers would keep the data cached.")
             self.persistent_workers = False
 
-    def source_path(self, split: str) -> Path:
+    def source_path(self, split: str) -> Path | Any:
         """The source of ``split`` as this module reads it: through a latency mount with ``netfs_latency_ms`` (a manifest file through
         one of its folder, so that the images beside it are read through it too)."""
         source = super().source_path(split)
+        if not isinstance(source, Path):  # a Dataset (never with netfs_latency_ms)
+            return source
         if source.is_file():
             return self._through_netfs(source.parent, source.parent.name) / source.name
         return self._through_netfs(source, source.name) if source.is_dir() else source
