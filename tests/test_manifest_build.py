@@ -239,7 +239,7 @@ def _loader_samples(dm, split: str) -> tuple[torch.Tensor, list]:
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "raw"])
-@pytest.mark.parametrize("kind", ["class", "multilabel", "regression"])
+@pytest.mark.parametrize("kind", ["class", "multilabel", "regression", "none"])
 def test_datamodule_loaders_serve_the_reference(tmp_path: Path, kind: str, backend: str) -> None:
     from torchvision.transforms import v2
 
@@ -260,7 +260,7 @@ def test_datamodule_loaders_serve_the_reference(tmp_path: Path, kind: str, backe
     reference = Reference(rows, tmp_path / "data", kind, classes)
     assert torch.equal(images, torch.stack([same_size(reference[i][0]) for i in range(len(reference))]))
     expected = [reference[i][1] for i in range(len(reference))]
-    if kind == "class":
+    if kind in ("class", "none"):
         assert [int(t) for t in targets] == expected
     else:
         assert torch.equal(torch.stack(targets), torch.stack(expected)) and targets[0].dtype == torch.float32
