@@ -7,6 +7,7 @@ call those, adding the Hydra key.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import warnings
@@ -115,8 +116,8 @@ def is_database(path: Path | Any) -> bool:
     """
     if not isinstance(path, Path):
         return False
-    if path.is_dir():
-        return database.is_sharded(path)
+    if path.is_dir():  # shard files, or a manifest.json of ours (an image folder may hold a manifest.json of its own)
+        return database.is_sharded(path) and (bool(database.shard_files(path)) or _our_manifest(path / database.MANIFEST_NAME))
     if not path.is_file():  # a FIFO or a device is never opened
         return False
     try:
@@ -125,6 +126,16 @@ def is_database(path: Path | Any) -> bool:
     except OSError:
         return False
     return len(head) == 20 and LMDB_MAGIC in (int.from_bytes(head[16:], "little"), int.from_bytes(head[16:], "big"))
+
+
+def _our_manifest(path: Path) -> bool:
+    """Whether ``path`` is a lightning_lmdb sharded folder's manifest (a small JSON object naming our format)."""
+    try:
+        with open(path, "rb") as handle:
+            obj = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and obj.get("format") == "lightning_lmdb"
 
 
 def given_databases(dirs: dict[str, Path | None], on_stale: str, local_cache_dir: Path | None) -> frozenset[str]:

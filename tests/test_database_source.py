@@ -177,3 +177,12 @@ def test_train_py_serves_a_database_without_building(tmp_path: Path) -> None:
     assert "is a database (12 records): served as it is" in result.stdout + result.stderr
     assert not cache.exists() and _state(db) == before, "nothing built, nothing written to cache_dir"
     assert not (tmp_path / "data").exists(), "no demo dataset either"
+
+
+def test_an_image_folder_holding_a_manifest_json_of_its_own_is_a_source(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 6, size=16, classes=2)
+    (source / "manifest.json").write_text('{"dataset": "mine", "version": 3}')  # e.g. a dataset's own description
+    dm = LMDBDataModule(source, cache_dir=tmp_path / "cache", num_workers=0, build_workers=0, val_fraction=0)
+    assert not dm.given_databases and dm.num_classes == 2
+    dm.prepare_data()
+    assert dm.database_path("train").is_file(), "built from the folder, not refused as a database"
