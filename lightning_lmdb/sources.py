@@ -44,8 +44,9 @@ NO_TARGET = -1
 SOURCE_KINDS: tuple[str, ...] = ("lightning_lmdb.manifest", "lightning_lmdb.folder", "lightning_lmdb.datasource")
 
 #: What a sample's target is: ``"class"`` (an index into the classes), ``"multilabel"`` (a set of class indices, served as a
-#: float32 multi-hot tensor), ``"regression"`` (K numbers, served as a float32 tensor) or ``"none"`` (no label: ``-1``).
-TargetKind = Literal["class", "multilabel", "regression", "none"]
+#: float32 multi-hot tensor), ``"regression"`` (K numbers, served as a float32 tensor), ``"none"`` (no label: ``-1``) or
+#: ``"mask"`` (a segmentation mask per sample, served as an ``int64`` ``H x W`` tensor: :mod:`lightning_lmdb.masks`).
+TargetKind = Literal["class", "multilabel", "regression", "none", "mask"]
 TARGET_KINDS: tuple[str, ...] = get_args(TargetKind)
 #: One sample's target as a scan holds it: a class index (``"class"``; ``NO_TARGET`` for ``"none"``), a sorted tuple of
 #: class indices (``"multilabel"``) or a tuple of K floats (``"regression"``).
@@ -69,6 +70,11 @@ class ManifestOptions:
         label_sep: Splits a CSV label cell into several labels (a multi-label target), e.g. ``"|"``.
         classes: The class names in index order; ``None``: the sorted names found (as ``ImageFolder`` sorts folders).
         version: A packed ``Dataset``'s version, chosen by you: its database is rebuilt when this (or its length) changes.
+        mask_column: A manifest's segmentation-mask column (a second image path per row); ``None``: ``mask`` when present.
+        masks_dir: For an image folder: the folder of its masks, matched by relative path without the extension
+            (``images/a/1.jpg`` with ``masks/a/1.png``); ``None``: the folder has no masks.
+        ignore_index: The mask value of unlabelled pixels (kept as is, not a class); ``None``: 255.
+        num_classes: The number of mask classes; ``None``: the largest mask value below ``ignore_index`` plus one.
 
     Raises:
         OptionError: A value of the wrong type, or a ``target_kind`` that is not one of :data:`TARGET_KINDS`.
@@ -82,6 +88,10 @@ class ManifestOptions:
     label_sep: str | None = None
     classes: tuple[str, ...] | None = None
     version: str | int | None = None
+    mask_column: str | None = None
+    masks_dir: str | None = None
+    ignore_index: int | None = None
+    num_classes: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.label_column, (list, tuple)):
@@ -98,12 +108,17 @@ class ManifestOptions:
                 raise OptionError(f"classes={list(self.classes)!r} names a class twice.")
         if self.target_kind is not None and self.target_kind not in TARGET_KINDS:
             raise OptionError(f"target_kind={self.target_kind!r} is not one of {', '.join(map(repr, TARGET_KINDS))} (or None to infer it).")
-        for name in ("root", "path_column", "split_column", "label_sep"):
+        for name, least in (("ignore_index", 0), ("num_classes", 1)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise OptionError(f"{name}={value!r} must be an integer >= {least}, or None.")
+        for name in ("root", "path_column", "split_column", "label_sep", "mask_column", "masks_dir"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (str, os.PathLike)) or value == ""):
                 raise OptionError(f"{name}={value!r} must be a non-empty string, or None.")
-        if self.root is not None:
-            object.__setattr__(self, "root", os.fspath(self.root))
+        for name in ("root", "masks_dir"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, os.fspath(getattr(self, name)))
 
     def is_default(self) -> bool:
         """Whether every field is left at its default (a folder takes no options)."""
@@ -204,6 +219,9 @@ class SourceFile:
         mtime_ns: Modification time in nanoseconds at scan time.
         split: The split the source puts it in (a manifest's split column), ``""`` when it says none.
         origin: Where the source lists it, for error messages (e.g. ``"labels.csv line 7"``); ``""`` for a folder.
+        mask: Absolute path of its segmentation mask file (target kind ``"mask"``), ``""`` without one.
+        mask_size: The mask file's size in bytes at scan time.
+        mask_mtime_ns: The mask file's modification time in nanoseconds at scan time.
     """
 
     path: str
@@ -213,6 +231,9 @@ class SourceFile:
     mtime_ns: int
     split: str = ""
     origin: str = ""
+    mask: str = ""
+    mask_size: int = 0
+    mask_mtime_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -283,7 +304,8 @@ class PrefixFingerprint:
         """The fingerprint of ``files[:stop]``; ``stop`` must not decrease between calls."""
         for f in self._files[self._done : stop]:
             split = f"\0{f.split}" if f.split else ""
-            self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}{split}\n".encode("utf-8", "surrogatepass"))
+            mask = f"\0{f.mask}\0{f.mask_size}\0{f.mask_mtime_ns}" if f.mask else ""
+            self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}{split}{mask}\n".encode("utf-8", "surrogatepass"))
         self._done = max(self._done, stop)
         return self._digest.copy().hexdigest()
 
