@@ -91,8 +91,10 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """Fit the configured model on the configured data; return the PerfMonitor summary.
 
     The model is built with the data's ``num_classes`` and, for targets other than classes, its ``target_kind`` and output
-    size ``num_outputs`` (the classes of a multi-label target, or the K values of a regression target), so its loss fits
-    the targets (see :mod:`lightning_lmdb.experiment.toy_model`).
+    size ``num_outputs`` (the classes of a multi-label target or of a mask, or the K values of a regression target), so its loss
+    fits the targets (see :mod:`lightning_lmdb.experiment.toy_model`); for masks also the data's ``ignore_index``. So the default
+    ``model=toy_cnn`` is the fully convolutional toy model on segmentation data (per-pixel cross-entropy, ``{stage}/miou``
+    logged), with no ``model=`` override.
 
     Args:
         cfg: The composed config (see ``configs/train.yaml``).
@@ -107,8 +109,10 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     datamodule = instantiate(cfg.data)
     kind = datamodule.target_kind  # the model's loss follows it; its head has one output per class, or per regression value
     outputs = len(datamodule.target_names) if kind == "regression" else datamodule.num_classes
-    # class targets: num_classes alone, as before (a model of yours need not take the other two)
+    # class targets: num_classes alone, as before (a model of yours need not take the others); masks: their ignore value too
     typed = {} if kind == "class" else {"target_kind": kind, "num_outputs": outputs}
+    if kind == "mask":
+        typed["ignore_index"] = datamodule.ignore_index
     model = instantiate(cfg.model, num_classes=datamodule.num_classes, **typed)
     meta = {key: cfg.data.get(key) for key in ("storage", "batch_size", "num_workers", "cold_cache", "image_size", "netfs_latency_ms")}
     meta["model"] = type(model).__name__

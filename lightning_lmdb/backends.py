@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_lmdb import blockread, database, datasource, fsops, netfs, sources
+from lightning_lmdb import blockread, database, datasource, fsops, masks, netfs, sources
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset
 from lightning_lmdb.errors import CacheDirError, SourceError
 from lightning_lmdb.format import DatabaseError, Metadata
-from lightning_lmdb.rawdataset import RawImageDataset, SampleReads, SourceDataset, read_samples, source_labels
+from lightning_lmdb.rawdataset import RawImageDataset, SampleReads, SourceDataset, mask_classes, read_samples, source_labels
 from lightning_lmdb.sources import SourceScan, scan_source
 from lightning_lmdb.staging import stage, staged_path
 from lightning_lmdb.writer import build_lmdb, build_shards, find_bad_files
@@ -92,8 +92,27 @@ class TargetsMixin:
 
     @property
     def num_classes(self) -> int:
-        """Number of classes (0 for a flat folder, or a source without classes)."""
+        """Number of classes (0 for a flat folder, or a source without classes).
+
+        A segmentation source's (target kind ``"mask"``) are the mask classes: ``manifest={"num_classes": N}`` (or
+        ``classes``) when given, else the largest mask value below ``ignore_index`` plus one, which only reading every mask
+        tells. Before ``setup`` that is the database's metadata: the LMDB backend builds the database for it if it is not
+        built and current yet (``prepare_data``'s work, done once: ``prepare_data`` then finds it current); the raw backend
+        reads its current database's, else every mask file once in this process (:meth:`Backend.mask_labels`).
+        """
         return len(self._class_table()[0])
+
+    @property
+    def ignore_index(self) -> int | None:
+        """The mask value of unlabelled pixels of a segmentation source (target kind ``"mask"``; kept in the masks as it is,
+        not a class): its database's, else ``manifest={"ignore_index": ...}``, else 255. ``None`` for the other kinds."""
+        for dataset in self.datasets.values():  # type: ignore[attr-defined]
+            return dataset.ignore_index
+        if self.target_kind != "mask":
+            return None
+        meta = _served_meta(self)[2]  # type: ignore[arg-type]
+        found = getattr(meta, "ignore_index", None) if meta is not None else self.build_options.manifest.ignore_index  # type: ignore[attr-defined]
+        return masks.DEFAULT_IGNORE_INDEX if found is None else int(found)
 
     @property
     def target_kind(self) -> str:
@@ -109,6 +128,8 @@ class TargetsMixin:
         for dataset in self.datasets.values():
             return dataset.classes, dataset.class_to_idx
         labels = self._labels()
+        if labels.target_kind == "mask" and not labels.classes:  # known from the masks: by the build, or by reading them
+            labels = self._backend.mask_labels(next(s for s, d in self.dirs.items() if d is not None))
         return labels.classes, labels.class_to_idx
 
     def _target_table(self: Any) -> tuple[str, list[str]]:
@@ -193,6 +214,22 @@ class Backend:
                             "\n".join(f"  [{s.path}]: {s.reason}" for s in reads.bad))
             self.reads[split] = reads
         return self.reads[split]
+
+    def mask_labels(self, split: str) -> sources.Labels:
+        """The classes of ``split``'s mask source before ``setup``, when only its masks tell them: its current database's (in
+        ``cache_dir``), else :meth:`find_mask_labels`'s; found once."""
+        if split not in self.labels:
+            scan = scan_source(self.dm.source_path(split), self.dm.build_options.manifest)
+            meta = self.current_meta(split, scan)
+            self.labels[split] = _meta_labels(meta) if meta is not None else self.find_mask_labels(split, scan)
+        return self.labels[split]
+
+    def find_mask_labels(self, split: str, scan: SourceScan) -> sources.Labels:
+        """The classes of a mask source without a current database: every mask (but a build's bad files) read here."""
+        bad = {s.path for s in find_bad_files(scan, max_pixels=self.dm.build_options.max_pixels,
+                                              workers=self.dm.build_options.workers)} if self.dm.build_options.on_error == "skip" else set()
+        classes = mask_classes(scan, bad)
+        return sources.Labels(classes, {c: k for k, c in enumerate(classes)}, "mask")
 
     def dataset_labels(self, split: str) -> sources.Labels:
         """The classes and target kind of ``split``'s Dataset before ``setup``, found once: from one sample
@@ -281,6 +318,20 @@ class LMDBBackend(Backend):
             return 0, 1
         return int(getattr(trainer, "node_rank", 0)), int(getattr(trainer, "num_nodes", 1))
 
+    def find_mask_labels(self, split: str, scan: SourceScan) -> sources.Labels:
+        """The classes of a mask source without a current database: what its database records, built here (``prepare_data``).
+
+        Raises:
+            SourceError: The database is still missing (another node of a multi-node job builds it): pass ``num_classes``.
+        """
+        self.dm.prepare_data()
+        built = self.dm.database_path(split)
+        if not built.exists():
+            raise SourceError(f"The mask classes of {str(scan.root)!r} are known once its database is built, which another node builds "
+                              "(shared_filesystem): pass them before setup(), e.g. manifest={'num_classes': N} (Hydra: "
+                              "data.manifest.num_classes=N), or read num_classes after setup().")
+        return _meta_labels(database.load_meta(built))
+
     def served_path(self, split: str) -> Path:
         """The database file the loaders of ``split`` read: its staged local copy, or the module's ``served_database_path``."""
         if self.dm.local_cache_dir is not None:
@@ -333,14 +384,16 @@ class RawBackend(Backend):
         self.sizes[split] = (scan.total_bytes, len(scan.files))
         if dataset is not None:
             return SourceDataset.from_reads(dataset, self.sample_reads(split, scan))
+        found = self.labels.get(split)  # a mask source's classes, found before setup (mask_labels)
+        classes = found.classes if found is not None and scan.target_kind == "mask" else None
         if options.on_error != "skip":
-            return RawImageDataset.from_scan(scan)
+            return RawImageDataset.from_scan(scan, classes=classes)
         bad = find_bad_files(scan, max_pixels=options.max_pixels, workers=options.workers)
         if bad:
             log.warning("The raw backend leaves out %d bad files of %s, as a build would:\n%s", len(bad), folder,
                         "\n".join(f"  {s.path}: {s.reason}" for s in bad))
         dm._after_reading_all([f.path for f in scan.files])
-        return RawImageDataset.from_scan(scan, exclude={s.path for s in bad})
+        return RawImageDataset.from_scan(scan, exclude={s.path for s in bad}, classes=classes)
 
     def _open_given(self, split: str) -> RawImageDataset:
         """The samples of the database given for ``split``, read from the files it was built from (its root must still exist)."""
@@ -362,7 +415,7 @@ class RawBackend(Backend):
 
     def cached_files(self) -> list[str]:
         raw = {d.root: d for d in self.dm.datasets.values() if isinstance(d, RawImageDataset)}
-        return [on_disk(path) for dataset in raw.values() for path in dataset.files()]
+        return [on_disk(path) for dataset in raw.values() for path in (*dataset.files(), *dataset.mask_files())]
 
     def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
         return self.sizes.get(split, (0, 0))[0]

@@ -10,6 +10,10 @@ JPEGs of the batch are decoded in one batched call on the device, each cropped, 
 there, and put back in their places: the batch leaves as one ``uint8`` ``N x 3 x S x S`` tensor on
 the device, finished (float, normalised) by ``on_after_batch_transfer`` like any other.
 
+A segmentation sample's mask (target kind ``"mask"``) is not deferred: the worker that draws its image's crop applies
+the same crop, resize and flip to the mask (:meth:`~lightning_lmdb.transforms.ResizedCrop.apply_mask`, nearest-neighbour)
+and the mask travels as the sample's target, so the batch is ``(images, masks)``, aligned, the masks ``int64 N x S x S``.
+
 The geometry is the datasets' :class:`~lightning_lmdb.transforms.ResizedCrop` (the default transforms):
 ``RandomResizedCrop`` + horizontal flip for training (the crop drawn per sample: batch-wide v2 transforms
 would give every image of the batch the same crop), ``Resize`` + ``CenterCrop`` for evaluation. ``decode_device="cpu"`` runs the same
@@ -35,10 +39,12 @@ from lightning_lmdb.transforms import ResizedCrop
 
 
 class Deferred(NamedTuple):
-    """One sample left for the batched decode: its JPEG bytes and its crop ``(top, left, h, w, flip)``."""
+    """One sample left for the batched decode: its JPEG bytes, its crop ``(top, left, h, w, flip)`` and its ``(height, width)``
+    (``(0, 0)``: not given)."""
 
     data: torch.Tensor
     params: tuple[int, int, int, int, int]
+    size: tuple[int, int] = (0, 0)
 
 
 def defer(value: bytes | memoryview, transform: ResizedCrop) -> Deferred | None:
@@ -53,7 +59,7 @@ def defer(value: bytes | memoryview, transform: ResizedCrop) -> Deferred | None:
     if not 0 < info.pixels <= DEFAULT_MAX_PIXELS:
         return None
     data = torch.frombuffer(bytearray(value), dtype=torch.uint8)
-    return Deferred(data, transform.params(info.height, info.width))
+    return Deferred(data, transform.params(info.height, info.width), (info.height, info.width))
 
 
 @dataclass
@@ -114,7 +120,8 @@ class DeferredImages:
 
 @dataclass(frozen=True)
 class Collate:
-    """``default_collate``, except that a batch holding :class:`Deferred` images becomes ``(DeferredImages, targets)``.
+    """``default_collate``, except that a batch holding :class:`Deferred` images becomes ``(DeferredImages, targets)`` (the targets
+    of a segmentation set: its masks, already transformed in the workers).
 
     Args:
         transform: The geometry of the loader's dataset (what :meth:`DeferredImages.decode` applies).

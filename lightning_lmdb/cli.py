@@ -88,16 +88,25 @@ _MANIFEST_FLAGS = (
     ("--label-sep", "label_sep", "SEP", "splits a CSV label cell into several labels, a multi-label target (e.g. '|')"),
     ("--classes", "classes", "NAME[,NAME...]", "a manifest's class names in index order, comma-separated (default: the sorted names "
                                                "found)"),
+    ("--mask-column", "mask_column", "COLUMN", "a manifest's segmentation-mask column, a mask image path per row (default: mask "
+                                               "when present)"),
+    ("--masks-dir", "masks_dir", "DIR", "pairs an image folder with this folder of segmentation masks, matched by relative path "
+                                        "without the extension (images/a/1.jpg with masks/a/1.png)"),
+    ("--ignore-index", "ignore_index", "N", "the mask value of unlabelled pixels, kept as is and not a class (default: 255)"),
+    ("--num-classes", "num_classes", "N", "the number of mask classes (default: the largest class id in the masks plus one)"),
 )
+#: The manifest flags that take an integer.
+_INT_FLAGS = ("ignore_index", "num_classes")
 
 
 def _add_manifest_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that say how to read a manifest source (a .csv, .tsv or .jsonl file listing the images)."""
     group = parser.add_argument_group("manifest sources (a .csv, .tsv or .jsonl file listing the images, or a folder with metadata.csv "
-                                      "or metadata.jsonl)")
+                                      "or metadata.jsonl) and segmentation masks (a mask column, or --masks-dir for an image folder)")
     for flag, field, metavar, text in _MANIFEST_FLAGS:
         choices = TARGET_KINDS if field == "target_kind" else None
-        group.add_argument(flag, dest=f"manifest_{field}", default=None, choices=choices, metavar=metavar, help=text)
+        group.add_argument(flag, dest=f"manifest_{field}", default=None, choices=choices, metavar=metavar, help=text,
+                           type=int if field in _INT_FLAGS else None)
 
 
 def manifest_options(args: argparse.Namespace) -> ManifestOptions:

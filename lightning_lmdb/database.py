@@ -284,7 +284,7 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
         codecs=np.concatenate([m.codecs for m in metas]),
         shard=None,
     )
-    if joined.target_kind in ("multilabel", "regression"):
+    if joined.target_kind in ("multilabel", "regression", "mask"):
         table = TargetTable.concat([m.target_table() for m in metas])
         joined = replace(joined, labels=table.labels, label_offsets=table.offsets,
                          values=None if table.values is None else table.values.reshape(-1))
@@ -294,14 +294,18 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
         if array is not None:
             array.flags.writeable = False
     if arrays:
-        tables = [m.paths for m in metas]
-        assert all(t is not None for t in tables)
-        blob = np.concatenate([t.blob for t in tables])  # type: ignore[union-attr]
-        starts = np.cumsum([0] + [len(t.blob) for t in tables[:-1]])  # type: ignore[union-attr]
-        offsets = np.concatenate([[0]] + [t.offsets[1:] + s for t, s in zip(tables, starts, strict=True)])  # type: ignore[union-attr]
-        joined = replace(joined, paths=fmt.PathTable(blob, offsets.astype(np.int64)),
-                         checksums=np.concatenate([m.checksums for m in metas]))  # type: ignore[misc]
+        joined = replace(joined, paths=_joined_paths([m.paths for m in metas]), checksums=np.concatenate([m.checksums for m in metas]),
+                         mask_paths=None if joined.mask_paths is None else _joined_paths([m.mask_paths for m in metas]))
     return joined
+
+
+def _joined_paths(tables: list[fmt.PathTable | None]) -> fmt.PathTable:
+    """The path tables of consecutive shards as one."""
+    assert all(t is not None for t in tables)
+    blob = np.concatenate([t.blob for t in tables])  # type: ignore[union-attr]
+    starts = np.cumsum([0] + [len(t.blob) for t in tables[:-1]])  # type: ignore[union-attr]
+    offsets = np.concatenate([[0]] + [t.offsets[1:] + s for t, s in zip(tables, starts, strict=True)])  # type: ignore[union-attr]
+    return fmt.PathTable(blob, offsets.astype(np.int64))
 
 
 #: :func:`is_current`'s ``shard`` when the shard header is not compared (a single-file target: kept as it was built).

@@ -142,12 +142,13 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         on_stale: When a folder changed since its database was built: ``"rebuild"``, ``"error"`` or
             ``"ignore"`` (no scan at all: the fastest start on network storage). A given database is served as it is.
         manifest: How to read a manifest (:class:`~lightning_lmdb.sources.ManifestOptions`, or a mapping of its fields, e.g.
-            ``{"label_column": "tags", "label_sep": "|"}``); saved in the hyper-parameters as the dict of the fields set.
+            ``{"label_column": "tags", "label_sep": "|"}``, or ``{"masks_dir": ...}``: segmentation, batches ``(images, masks)``, see
+            :attr:`ignore_index`); saved in the hyper-parameters as the dict of the fields set.
         max_pixels: Builder's decompression-bomb limit.
         readahead: LMDB readahead; ``None`` chooses by file size against available memory.
         image_size: Side of the default transforms' output (and of ``decode_size="auto"``).
         train_transform: Transform of training images (default: :func:`transforms.train_transform`, a random resized
-            crop and flip to ``image_size``, uint8).
+            crop and flip to ``image_size``, uint8); with masks, of ``(image, mask)`` (see :mod:`lightning_lmdb.transforms`).
         eval_transform: Transform of validation/test images (default: :func:`transforms.eval_transform`, the centre
             square resized to ``image_size``, uint8).
         batch_size: Samples per batch.

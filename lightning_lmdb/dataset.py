@@ -8,6 +8,14 @@ bytes into pixels through :mod:`lightning_lmdb.codec`, so they differ only in wh
 exact pixels, a PIL image) or a tensor decoder (``"torchcodec"``, ``"opencv"``, ``"auto"``: a ``uint8``
 ``3 x H x W`` tensor, no PIL object); ``decode_size=`` allows reduced-size JPEG decoding.
 
+A segmentation set (target kind ``"mask"``, :mod:`lightning_lmdb.masks`) serves ``ds[i] -> (image, mask)``: the mask an
+``int64`` ``H x W`` tensor of the stored class ids (``ignore_index``, :attr:`_ImageDataset.ignore_index`, kept as it is),
+transformed **with** the image (:func:`lightning_lmdb.transforms.transform_pair`): the default transforms crop, resize
+and flip both (the mask nearest-neighbour); a transform of yours takes and returns ``(image, mask)`` -- a
+``transforms.v2`` pipeline is called as ``transform(image, tv_tensors.Mask(mask))``. ``target_transform`` then applies
+to the transformed mask tensor (e.g. to remap class ids). Reduced-size decoding needs a transform that knows of it
+(:func:`lightning_lmdb.transforms.joint_crop`: the defaults); with another, the images of a mask set are decoded whole.
+
 Per-process cost that does not grow with the dataset (measured at ImageNet's 1,281,167 records):
 
 * Targets, the rows of a view and paths live in numpy arrays, never one Python object per record:
@@ -54,7 +62,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lmdb
 import numpy as np
@@ -62,16 +70,23 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from lightning_lmdb import blockread, codec, database, envs
+from lightning_lmdb import blockread, codec, database, envs, masks
 from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred
 from lightning_lmdb.codec import ImageDecodeError, RecordError
 from lightning_lmdb.decoding import DecodingChoice, check_decoding
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
 from lightning_lmdb.targets import TargetTable
+from lightning_lmdb.transforms import image_size, joint_crop, mask_tensor, transform_pair
 from lightning_lmdb.views import RowView, Split
 
-#: Paths of the database environments open in this process.
+
+class WithMask(NamedTuple):
+    """A segmentation sample as loaded: its decoded image (or :class:`Deferred`) and its mask as stored (``H x W`` ``uint8`` /
+    ``uint16``, the size of the image in its file)."""
+
+    image: Image.Image | torch.Tensor | Deferred
+    mask: np.ndarray
 
 
 def available_memory() -> int:
@@ -89,6 +104,14 @@ def available_memory() -> int:
 def kind_of(meta: fmt.Metadata) -> tuple[str, list[str], list[str]]:
     """A database's target kind, target names and split names, as :class:`_ImageDataset` takes them."""
     return meta.target_kind, list(meta.target_names), list(meta.split_names)
+
+
+def ignore_index_of(meta: fmt.Metadata) -> int | None:
+    """A mask database's ``ignore_index`` (``None`` for the other kinds)."""
+    if meta.target_kind != "mask":
+        return None
+    found = getattr(meta, "ignore_index", None)
+    return masks.DEFAULT_IGNORE_INDEX if found is None else int(found)
 
 
 def split_rows(meta: fmt.Metadata, name: str) -> np.ndarray:
@@ -114,13 +137,15 @@ class _ImageDataset(RowView, DecodingChoice, Dataset):
     _block_reads: blockread.BlockReads | None = None  # None: off (LMDBImageDataset.read_blocks)
 
     #: What ``ds[i][1]`` is (:data:`lightning_lmdb.sources.TargetKind`): ``"class"`` (an ``int``), ``"none"`` (``-1``),
-    #: ``"multilabel"`` (a ``float32`` multi-hot tensor over ``classes``) or ``"regression"`` (a ``float32`` tensor, one
-    #: value per name of ``target_names``).
+    #: ``"multilabel"`` (a ``float32`` multi-hot tensor over ``classes``), ``"regression"`` (a ``float32`` tensor, one
+    #: value per name of ``target_names``) or ``"mask"`` (an ``int64`` ``H x W`` mask, transformed with the image).
     target_kind: str = "class"
     #: The names of a regression target's values (its manifest columns); ``[]`` for the other kinds.
     target_names: list[str] = []
     #: The splits the source assigned (a manifest's split column), in order; ``[]`` when it assigned none.
     split_names: list[str] = []
+    #: The mask value of unlabelled pixels of a segmentation set (``"mask"``: kept in the masks as it is); ``None`` for the other kinds.
+    ignore_index: int | None = None
 
     def __init__(
         self,
@@ -133,11 +158,14 @@ class _ImageDataset(RowView, DecodingChoice, Dataset):
         decoder: str = "pil",
         decode_size: int | None = None,
         kind: tuple[str, list[str], list[str]] = ("class", [], []),
+        ignore_index: int | None = None,
     ):
         check_decoding(decoder, decode_size)
         self.decoder, self.decode_size = decoder, decode_size
         self.classes, self.class_to_idx = classes, class_to_idx
         self.target_kind, self.target_names, self.split_names = kind
+        if self.target_kind == "mask":
+            self.ignore_index = masks.DEFAULT_IGNORE_INDEX if ignore_index is None else int(ignore_index)
         self.transform, self.target_transform = transform, target_transform
         super().__init__(count, indices)
 
@@ -196,6 +224,8 @@ class _ImageDataset(RowView, DecodingChoice, Dataset):
 
     def _transformed(self, image: Any, row: int) -> tuple[Any, Any]:
         """``(image, target)`` of record ``row`` after ``transform`` and ``target_transform``."""
+        if isinstance(image, WithMask):
+            return self._transformed_pair(image, row)
         target: Any = self._all_targets().item(row)
         if self.transform is not None and not isinstance(image, Deferred):
             image = self.transform(image)
@@ -203,10 +233,34 @@ class _ImageDataset(RowView, DecodingChoice, Dataset):
             target = self.target_transform(target)
         return image, target
 
-    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
-        """The RGB image of record ``row``; appends ``time.perf_counter()`` to ``marks`` once its bytes are in memory."""
-        raise NotImplementedError
+    def _transformed_pair(self, loaded: WithMask, row: int) -> tuple[Any, Any]:
+        """``(image, mask)`` of a segmentation record, transformed together; a deferred image's mask takes the crop drawn for it."""
+        image, values = loaded
+        size = image.size if isinstance(image, Deferred) else image_size(image)
+        if values.shape != tuple(size):
+            raise ImageDecodeError(self._name(row), f"its mask is {values.shape[1]}x{values.shape[0]} but its image is {size[1]}x{size[0]}"
+                                                    "; a mask must be the size of its image (rebuild the database, or fix the files).")
+        fill = masks.DEFAULT_IGNORE_INDEX if self.ignore_index is None else self.ignore_index
+        if isinstance(image, Deferred):  # the batched decode crops the image on the device; the mask is cropped here alike
+            mask: Any = joint_crop(self.transform).apply_mask(mask_tensor(values, None), image.params, fill).long()  # type: ignore[union-attr]
+        else:
+            image, mask = transform_pair(self.transform, image, values, fill)
+        if self.target_transform is not None:
+            mask = self.target_transform(mask)
+        return image, mask
 
+    def _image_decode_size(self) -> int | None:
+        """``decode_size``; ``None`` for a mask set whose transform does not know reduced-size decodes (see the module docstring)."""
+        if self.target_kind == "mask" and joint_crop(self.transform) is None:
+            return None
+        return self.decode_size
+
+    def _name(self, row: int) -> str:  # how errors name record ``row``
+        return str(self._path_table()[row])
+
+    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred | WithMask:
+        """The RGB image of record ``row`` (with a mask: :class:`WithMask`); appends ``time.perf_counter()`` to ``marks`` once read."""
+        raise NotImplementedError
 
 
 class LMDBImageDataset(_ImageDataset):
@@ -214,8 +268,9 @@ class LMDBImageDataset(_ImageDataset):
 
     Args:
         path: The database: one file, or a sharded folder (:mod:`lightning_lmdb.shards`; the same samples in the same order).
-        transform: Applied to the decoded image (a PIL RGB image with ``decoder="pil"``, else a ``uint8`` tensor).
-        target_transform: Applied to the target.
+        transform: Applied to the decoded image (a PIL RGB image with ``decoder="pil"``, else a ``uint8`` tensor); for a mask
+            database, to ``(image, mask)``, returning both (see the module docstring).
+        target_transform: Applied to the target (a mask database's: the transformed ``int64`` mask).
         decoder: ``"pil"`` (``ImageFolder``'s exact pixels), ``"torchcodec"``, ``"opencv"`` or ``"auto"`` (see
             :mod:`lightning_lmdb.decoders`).
         decode_size: The shorter side ``transform`` needs: JPEGs much larger are decoded at 1/2, 1/4 or 1/8 scale.
@@ -243,7 +298,7 @@ class LMDBImageDataset(_ImageDataset):
         self.readahead = auto_readahead(self.path) if readahead is None else readahead
         meta = self._set_parts()
         super().__init__(meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder, decode_size,
-                         kind_of(meta))
+                         kind_of(meta), ignore_index_of(meta))
 
     def _set_parts(self) -> fmt.Metadata:
         """Read the metadata, the database's files (one, or a sharded folder's shards) and the build id; keep the targets."""
@@ -368,7 +423,7 @@ class LMDBImageDataset(_ImageDataset):
             opened = envs.shared(path, readahead=self.readahead, fresh=False)
         return opened
 
-    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
+    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred | WithMask:
         part = bisect_right(self._starts, row) - 1
         kind = codec.RECORD_CODECS[self._all_codecs()[row]]  # before the transaction: the first call reads the metadata
         opened = self._opened(part)
@@ -385,11 +440,8 @@ class LMDBImageDataset(_ImageDataset):
                     if marks is not None:  # the lookup returns the memory map: its page faults are the read
                         touch_pages(value)
                         marks.append(time.perf_counter())
-                    deferred = self._deferred(value) if kind.file_bytes else None
-                    if deferred is not None:
-                        return deferred
                     try:
-                        return kind.decode(value, self.decoder, self.decode_size, "<record>")
+                        return self._decode_record(value, kind)
                     except ImageDecodeError as exc:
                         error = exc
                     except RecordError as exc:  # a damaged pixel record (its zstd checksum, its length)
@@ -403,6 +455,18 @@ class LMDBImageDataset(_ImageDataset):
         envs.close(self._files[part])  # the file changed under this process's mapping: reopen it and report
         self._check_same_database()
         raise fmt.DatabaseError(f"{self.path!r} changed while it was open; create the dataset again.")  # pragma: no cover
+
+    def _decode_record(self, value: memoryview, kind: codec.RecordCodec) -> Image.Image | torch.Tensor | Deferred | WithMask:
+        """A record's image (deferred, or decoded by its codec) -- and of a mask database's record, its mask too
+        (:func:`lightning_lmdb.masks.unpack`: the mask is copied out of the memory map)."""
+        mask = None
+        if self.target_kind == "mask":
+            value, mask_value = masks.unpack(value)
+            mask = masks.decode_mask(mask_value)
+        image = self._deferred(value) if kind.file_bytes else None
+        if image is None:
+            image = kind.decode(value, self.decoder, self._image_decode_size(), "<record>")
+        return image if mask is None else WithMask(image, mask)
 
     def _check_same_database(self) -> None:
         """Raise if the database at ``path`` (or one of its shards) is no longer the build this dataset was created on."""

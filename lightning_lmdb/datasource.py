@@ -16,11 +16,10 @@
   or a list / tuple of floats, or a 0-d / 1-d float tensor or array (regression), a 0-d integer tensor (an int), or
   ``None`` (no target).
 
-**Reading.** Samples are read by the builder's reader processes (:mod:`lightning_lmdb.readers`; the dataset reaches
-them through the pool's initializer: inherited with the ``fork`` start method, pickled once per reader otherwise) or in
-the building process with ``workers=0``. A sample whose ``__getitem__`` raises, whose image does not decode or whose
-target is malformed is a bad sample: with ``on_error="raise"`` a :class:`~lightning_lmdb.errors.BuildError` names its
-index, with ``on_error="skip"`` it is left out and recorded under its index (``"17"``).
+**Reading.** By the builder's reader processes (the dataset reaches them through the pool's initializer: inherited
+with ``fork``, pickled once per reader otherwise) or in the building process with ``workers=0``. A sample whose
+``__getitem__`` raises, whose image does not decode or whose target is malformed is a bad sample: ``on_error="raise"``
+names its index (a :class:`~lightning_lmdb.errors.BuildError`), ``"skip"`` leaves it out, recorded as ``"17"``.
 
 **Targets** are known only once the samples are read (``SourceScan.targets_from_records``): each record's target is
 committed with it (its progress entry), so a killed build resumes with the targets of the records it had committed. The
@@ -31,9 +30,8 @@ float or float list / tensor: ``regression``; ``None``: ``none``); a later targe
 sorted names found (names) or ``"0"`` .. ``"N"`` (indices, N the largest). A regression target of K numbers gets the
 names ``value0`` .. ``value{K-1}``. :func:`labels` knows them before a build, as cheaply as it can.
 
-**When it is rebuilt.** A dataset's contents cannot be fingerprinted without reading it all, so its database records
-the dataset's class name, its length and the ``version=`` you give (and ``target_kind`` / the classes): change
-``version`` when the data changes.
+**When it is rebuilt.** Its database records the dataset's class name, its length and your ``version=`` (and
+``target_kind`` / the classes), not its contents: change ``version`` when the data changes.
 """
 
 from __future__ import annotations
@@ -66,7 +64,7 @@ LABEL_KEYS = ("label", "labels")
 _PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA"})
 #: Class indices without ``classes=`` are refused from this size on (is it the label?).
 _MAX_INDEX_CLASSES = 1_000_000
-_OPTIONS_FOR_MANIFESTS = ("root", "path_column", "label_column", "split_column", "label_sep")
+_OPTIONS_FOR_MANIFESTS = ("root", "path_column", "label_column", "split_column", "label_sep", "mask_column", "masks_dir", "ignore_index")
 _SET_KIND = "set target_kind= ('class', 'multilabel', 'regression' or 'none') if that is wrong"
 
 
@@ -158,6 +156,9 @@ def _given_classes(source: Any, options: ManifestOptions) -> list[str] | None:
     if unused:
         raise OptionError(f"{', '.join(unused)}: these options read a manifest; they do not apply to a dataset ({_name(source)}). "
                           "Leave them unset.")
+    if options.target_kind == "mask":
+        raise OptionError(f"target_kind='mask' does not apply to a dataset ({_name(source)}) yet; pack segmentation data from a manifest "
+                          "with a mask column or an images folder with masks_dir=.")
     if options.classes is not None:
         if options.target_kind in ("regression", "none"):
             raise OptionError(f"classes={list(options.classes)!r} does not apply to target_kind={options.target_kind!r}; leave it unset.")
@@ -434,7 +435,7 @@ class RecordTargets:
     def _misfit(self, kind: str, shape: str, raw: Any) -> str | None:
         if kind == "none":
             return None if self.given_kind == "none" or shape == "none" else f"is {_SHAPE_WORDS.get(shape, 'a value')}, not None"
-        if shape not in _FITS[kind]:
+        if shape not in _FITS.get(kind, ()):  # "mask": a dataset has no masks (yet)
             return f"is {_SHAPE_WORDS.get(shape, 'malformed')}, which does not fit a {kind!r} target"
         if kind == "regression":
             numbers = raw if isinstance(raw, list) else [raw]

@@ -127,7 +127,8 @@ class DeviceBatchesMixin:
         """``(uint8 images, targets)`` to ``(normalised float32 images, targets)`` where the images are; anything else unchanged.
 
         What ``on_after_batch_transfer`` does on the training device; call it yourself when you iterate the loaders outside
-        Lightning. Float images (e.g. from transforms of yours that normalise) pass through untouched.
+        Lightning. Float images (e.g. from transforms of yours that normalise) pass through untouched, and so do the targets
+        (a segmentation batch's ``int64`` masks).
         """
         if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].dtype == torch.uint8 \
                 and batch[0].ndim == 4:

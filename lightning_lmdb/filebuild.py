@@ -5,7 +5,9 @@
 then writes the metadata in the final transaction and renames the file onto ``TARGET``. For a source whose
 targets come with its records (``SourceScan.targets_from_records``: a dataset, :mod:`lightning_lmdb.datasource`),
 each record's progress entry also holds its target, checked against the kind as it arrives, and the metadata's
-targets are made from those entries (so a resumed build has the targets of the records committed before). Its error policy
+targets are made from those entries (so a resumed build has the targets of the records committed before). A source of
+images with masks (:class:`lightning_lmdb.masks.MaskScan`) is one such: each record holds an image and its mask, its target
+is the classes the mask holds, and the metadata adds ``ignore_index`` and the masks' paths. Its error policy
 (``on_error``), progress bar and disk-full diagnosis live here too, with the helpers every build shares: the
 target check, the build lock and the reading of an existing database's metadata. The public entry points
 are :func:`lightning_lmdb.writer.build` and :func:`lightning_lmdb.writer.build_lmdb`.
@@ -31,12 +33,12 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from lightning_lmdb import codec, database, envs, fsops, readers
+from lightning_lmdb import codec, database, envs, fsops, masks, readers
 from lightning_lmdb import format as fmt
-from lightning_lmdb.datasource import FoundTargets, RecordTargets, split_entry
-from lightning_lmdb.errors import BuildError, DiskFullError, SourceError
+from lightning_lmdb.datasource import FoundTargets, split_entry
+from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, SourceError
 from lightning_lmdb.options import BuildOptions
-from lightning_lmdb.sources import PrefixFingerprint, SourceScan
+from lightning_lmdb.sources import PrefixFingerprint, SourceFile, SourceScan
 from lightning_lmdb.targets import TargetTable
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,8 @@ class _Writer:
         self.partial = fsops.partial_path(target)
         self.prefix = PrefixFingerprint(scan.files, scan.identity)
         self.written = self.written_bytes = self.commits = 0
+        if isinstance(scan, masks.MaskScan):
+            _check_mask_build(scan, options, shard)
 
     def run(self) -> BuildReport:
         finished = self._finished_partial()
@@ -220,14 +224,13 @@ class _Writer:
     def _fill(self, env: lmdb.Environment, dbs: tuple[Any, Any], consumed: int, skipped: list[dict[str, str]]) -> None:
         files = self.scan.files
         opts = self.options
-        dataset, key = readers.sample_source(self.scan)
-        tasks: list[readers._Task] = [(i, key(files[i]), opts["storage"], opts["max_pixels"], opts.get("resize"), opts.get("quality", 0))
-                              for i in range(consumed, len(files))]
+        dataset, _ = readers.sample_source(self.scan)
+        tasks = readers.tasks_of(self.scan, opts["storage"], opts["max_pixels"], opts.get("resize"), opts.get("quality", 0), consumed)
         with env.begin() as txn:
             next_record = txn.stat(dbs[0])["entries"]
         fitting = None  # with targets from the records: checks each target against the kind of those before it
         if self.scan.targets_from_records:
-            fitting = RecordTargets.of(self.scan)
+            fitting = readers.record_targets(self.scan)
             for target in self._committed_targets(env, dbs[1]):
                 fitting.check(target)
         batch: list[tuple[bytes, bytes, str]] = []
@@ -360,14 +363,14 @@ class _Writer:
 
         if scan.targets_from_records:
             try:
-                found = RecordTargets.of(scan).finish(record_targets)
+                found = readers.record_targets(scan).finish(record_targets)
             except ValueError as exc:
                 raise fmt.DatabaseError(f"{self.partial} holds a target that does not fit ({exc}); delete it and build again.") from None
             class_to_idx = {c: k for k, c in enumerate(found.classes)}
         else:
             found = FoundTargets(str(scan.target_kind), scan.classes, scan.target_names, [f.target for f in kept])
             class_to_idx = scan.class_to_idx
-        width = len(found.classes) if found.kind == "multilabel" else len(found.target_names)
+        width = len(found.classes) if found.kind in ("multilabel", "mask") else len(found.target_names)
         table = TargetTable.pack(found.kind, found.targets, width)
         split_names = list(scan.split_names or [])
         meta = fmt.Metadata(
@@ -399,6 +402,7 @@ class _Writer:
             values=table.values,
             split_names=split_names,
             splits=np.array([split_names.index(f.split) for f in kept], dtype=np.uint8) if split_names else None,
+            **(_mask_fields(scan, kept) if isinstance(scan, masks.MaskScan) else {}),
         )
 
         def write(txn: lmdb.Transaction) -> None:
@@ -412,6 +416,26 @@ class _Writer:
         self._write(env, write, pending=meta.count * 64 + 65536)  # the arrays: ~40 bytes a record, plus the header
         env.sync(True)
         return len(kept)
+
+
+def _check_mask_build(scan: masks.MaskScan, options: BuildOptions, shard: fmt.ShardInfo | None) -> None:
+    """Refuse the build options a source with masks cannot be built with, before anything is read."""
+    if options.resize is not None:
+        raise OptionError(f"resize={options.resize}: the images of {str(scan.root)!r} have segmentation masks, and pre-resized storage "
+                          "would need their masks resized too (nearest-neighbour, never interpolated), which is not supported: "
+                          "leave resize unset (resize in the transforms: the mask follows the image there).")
+    if shard is not None and scan.num_classes is None and not scan.classes:
+        raise OptionError(f"A sharded build of {str(scan.root)!r}, whose targets are segmentation masks, needs num_classes= (or "
+                          "classes=): each shard is built alone and cannot know the largest class id of the others. Give the number "
+                          "of classes (CLI --num-classes), or build one file.")
+
+
+def _mask_fields(scan: masks.MaskScan, kept: list[SourceFile]) -> dict[str, Any]:
+    """The metadata fields of a database of images with masks: ``ignore_index`` and the masks' paths (relative to the source's
+    root when inside it, else absolute)."""
+    prefix = str(scan.root).rstrip(os.sep) + os.sep
+    paths = (f.mask[len(prefix):].replace(os.sep, "/") if f.mask.startswith(prefix) else f.mask for f in kept)
+    return {"ignore_index": scan.ignore_index, "mask_paths": fmt.PathTable.from_strings(paths)}
 
 
 def _write_growing(env: lmdb.Environment, write: Any) -> None:

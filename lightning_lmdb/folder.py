@@ -11,6 +11,12 @@ Two layouts are accepted:
 The one difference from ImageFolder's file set: only regular files (and symbolic links to them) are
 images. A FIFO, socket or device named like an image would block or never end when read; it is listed
 apart (``SourceScan.special``) and never opened, and the builder refuses or skips it.
+
+**Images with masks** (segmentation): with ``ManifestOptions(masks_dir=...)`` the folder is a folder of images paired with
+a folder of masks (:func:`scan_pairs`), not an ImageFolder: every image below it (any depth, named like an image), sorted by
+relative path, and for each the mask in ``masks_dir`` whose relative path without its extension is the image's
+(``images/a/1.jpg`` with ``masks/a/1.png``). The options ``ignore_index``, ``num_classes`` and ``classes`` apply then
+(:mod:`lightning_lmdb.masks`). Without ``masks_dir``, a folder holding ``images/`` and ``masks/`` is an ImageFolder of two classes.
 """
 
 from __future__ import annotations
@@ -21,11 +27,26 @@ from pathlib import Path
 
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension, make_dataset
 
+from lightning_lmdb import masks
 from lightning_lmdb.errors import NotRegularFileError, OptionError, SourceError
-from lightning_lmdb.sources import NO_TARGET, ManifestOptions, PrefixFingerprint, SourceFile, SourceScan, not_regular_reason, read_file
+from lightning_lmdb.sources import (
+    NO_TARGET,
+    Labels,
+    ManifestOptions,
+    PrefixFingerprint,
+    SourceFile,
+    SourceScan,
+    not_regular_reason,
+    read_file,
+)
 
 __all__ = ["NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "ManifestOptions", "SourceScan", "accepts", "classes",
-           "has_samples", "read_file", "scan", "scan_folder"]
+           "has_samples", "labels", "read_file", "scan", "scan_folder", "scan_pairs"]
+
+#: The options a folder paired with its masks takes (``masks_dir`` and how the mask values are read).
+_MASK_OPTIONS = ("masks_dir", "ignore_index", "num_classes", "classes", "target_kind")
+#: How many unmatched files an error names.
+_SHOWN = 5
 
 
 def accepts(source: object) -> bool:
@@ -34,17 +55,36 @@ def accepts(source: object) -> bool:
 
 
 def _no_options(folder: Path, options: ManifestOptions | None) -> None:
-    """A folder's labels are its class folders: refuse manifest options instead of ignoring them."""
-    if options is not None and not options.is_default():
-        given = ", ".join(f"{name}={value!r}" for name, value in options.as_dict().items())
+    """A folder's labels are its class folders (or, with ``masks_dir``, its masks): refuse other options instead of ignoring them."""
+    if options is None or options.is_default():
+        return
+    paired = options.masks_dir is not None
+    given = ", ".join(f"{name}={value!r}" for name, value in options.as_dict().items() if not paired or name not in _MASK_OPTIONS)
+    if given and paired:
+        raise OptionError(f"{given}: these options read a manifest; {str(folder)!r} is an image folder paired with its masks "
+                          f"(masks_dir=), which takes only {', '.join(_MASK_OPTIONS)}. Leave them unset.")
+    if given:
+        masked = any(getattr(options, name) is not None for name in ("ignore_index", "num_classes"))
         raise OptionError(f"{given}: these options read a manifest, but {str(folder)!r} is an image folder (its labels are its class "
-                          "folders). Pass a manifest (.csv, .tsv, .jsonl) instead, or leave these options unset.")
+                          "folders). Pass a manifest (.csv, .tsv, .jsonl) instead, or leave these options unset"
+                          + (" (set masks_dir= to pair the folder with a folder of segmentation masks)." if masked else "."))
 
 
 def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
-    """The source-kind entry (:mod:`lightning_lmdb.sources`): :func:`scan_folder`."""
+    """The source-kind entry (:mod:`lightning_lmdb.sources`): :func:`scan_folder`, or :func:`scan_pairs` with ``masks_dir``."""
     _no_options(source, options)
+    if options is not None and options.masks_dir is not None:
+        return scan_pairs(source, options)
     return scan_folder(source)
+
+
+def labels(folder: Path, options: ManifestOptions | None = None) -> Labels:
+    """The classes and target kind: the class folders (``"class"``, or ``"none"`` for a flat folder), or with ``masks_dir``
+    the mask classes known before a build (:func:`lightning_lmdb.masks.mask_labels`)."""
+    found, class_to_idx = classes(folder, options)
+    if options is not None and options.masks_dir is not None:
+        return masks.mask_labels(options)
+    return Labels(found, class_to_idx, "class" if found else "none")
 
 
 def has_samples(folder: Path, options: ManifestOptions | None = None) -> bool:
@@ -57,8 +97,12 @@ def has_samples(folder: Path, options: ManifestOptions | None = None) -> bool:
 
 
 def classes(folder: Path, options: ManifestOptions | None = None) -> tuple[list[str], dict[str, int]]:
-    """The class folders, as ``ImageFolder`` finds them (none for a flat folder); one listing, no scan."""
+    """The class folders, as ``ImageFolder`` finds them (none for a flat folder); one listing, no scan. With ``masks_dir``: the
+    mask classes known before a build."""
     _no_options(folder, options)
+    if options is not None and options.masks_dir is not None:
+        found = masks.mask_labels(options)
+        return found.classes, found.class_to_idx
     try:
         found, class_to_idx = find_classes(folder)
     except FileNotFoundError:  # a flat folder
@@ -122,3 +166,91 @@ def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
     return SourceScan(root=root, classes=list(classes), class_to_idx=dict(class_to_idx), files=files, special=special)
 
 
+
+
+def scan_pairs(source: str | os.PathLike[str], options: ManifestOptions) -> masks.MaskScan:
+    """Scan a folder of images paired with the folder of their masks, ``options.masks_dir`` (see the module docstring).
+
+    Raises:
+        FileNotFoundError: ``source`` does not exist or is not a folder.
+        SourceError: ``masks_dir`` is not a folder, or one of the two folders holds the other; no images; images or masks
+            without their pair, or several files of one folder with one name but for the extension (the first few named).
+        OptionError: As :func:`lightning_lmdb.masks.mask_scan`.
+    """
+    root = Path(source).expanduser().resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"Source folder {str(source)!r} does not exist or is not a folder. Pass the folder that holds your images.")
+    masks_root = Path(str(options.masks_dir)).expanduser().resolve()
+    if not masks_root.is_dir():
+        raise SourceError(f"masks_dir={options.masks_dir!r} is not a folder ({str(masks_root)!r}); pass the folder that holds the masks "
+                          f"of the images in {str(root)!r}.")
+    if masks_root == root or masks_root.is_relative_to(root) or root.is_relative_to(masks_root):
+        raise SourceError(f"The images folder {str(root)!r} and masks_dir {str(masks_root)!r} are one or hold each other: the masks would "
+                          "be scanned as images. Keep them side by side, e.g. data/images and data/masks.")
+    images, mask_files = _image_files(root), _image_files(masks_root)
+    if not images:
+        raise SourceError(f"No images found in {str(root)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} (at any depth). "
+                          "Check the path.")
+    by_stem = _by_stem(masks_root, mask_files)
+    stems = _by_stem(root, images)
+    alone = [rel for rel in images if _stem(rel) not in by_stem], [rel for rel in mask_files if _stem(rel) not in stems]
+    if any(alone):
+        said = [f"{len(found)} {what} ({_shown(found)})" for found, what in zip(alone, (f"image(s) in {str(root)!r} without a mask in "
+                f"{str(masks_root)!r}", f"mask(s) in {str(masks_root)!r} without an image in {str(root)!r}"), strict=True) if found]
+        raise SourceError(f"{'; '.join(said)}. An image's mask has its path relative to masks_dir without the extension (images/a/1.jpg "
+                          "pairs with masks/a/1.png): add or rename the missing files, or remove the extra ones.")
+    files, special = [], []
+    for relpath in images:
+        path, mask_rel = str(root / relpath), by_stem[_stem(relpath)]
+        mask = str(masks_root / mask_rel)
+        size, mtime, problem = _stat(path, "")
+        mask_size, mask_mtime, mask_problem = _stat(mask, f"its mask {mask_rel!r} ")
+        if problem or mask_problem:
+            special.append((relpath, problem or mask_problem or ""))
+            continue
+        files.append(SourceFile(path, relpath, NO_TARGET, size, mtime, mask=mask, mask_size=mask_size, mask_mtime_ns=mask_mtime))
+    return masks.mask_scan(root, files, special, options, {"masks_dir": str(masks_root)})
+
+
+def _image_files(folder: Path) -> list[str]:
+    """The relative paths (``/`` separators) of every file named like an image below ``folder``, sorted."""
+    found = []
+    for parent, _, names in os.walk(folder, followlinks=True):
+        prefix = Path(parent).relative_to(folder).as_posix()
+        found += [name if prefix == "." else f"{prefix}/{name}" for name in names if has_file_allowed_extension(name, IMG_EXTENSIONS)]
+    return sorted(found)
+
+
+def _stem(relpath: str) -> str:
+    return os.path.splitext(relpath)[0]
+
+
+def _by_stem(folder: Path, relpaths: list[str]) -> dict[str, str]:
+    """Each relative path by its stem (the path without its extension).
+
+    Raises:
+        SourceError: Several files with one stem (``a/1.png`` and ``a/1.bmp``): which is whose pair is unclear.
+    """
+    found: dict[str, list[str]] = {}
+    for relpath in relpaths:
+        found.setdefault(_stem(relpath), []).append(relpath)
+    twice = [names for names in found.values() if len(names) > 1]
+    if twice:
+        shown = "; ".join(" and ".join(names) for names in twice[:_SHOWN]) + (" ..." if len(twice) > _SHOWN else "")
+        raise SourceError(f"{str(folder)!r} holds files with one name but for the extension ({shown}): an image and its mask are paired "
+                          "by the name without the extension, so which pair they belong to is unclear. Rename or remove one of each.")
+    return {stem: names[0] for stem, names in found.items()}
+
+
+def _shown(relpaths: list[str]) -> str:
+    return ", ".join(relpaths[:_SHOWN]) + (f", ... ({len(relpaths)} in all)" if len(relpaths) > _SHOWN else "")
+
+
+def _stat(path: str, what: str) -> tuple[int, int, str | None]:
+    """``(size, mtime_ns, None)`` of a file (``0, 0`` when unreadable, e.g. a dangling link: the build reports it), or
+    ``(0, 0, reason)`` for a FIFO, socket, device or folder (``what`` starts the reason)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0, 0, None
+    return st.st_size, st.st_mtime_ns, (None if stat.S_ISREG(st.st_mode) else f"{what}{not_regular_reason(st.st_mode)}")

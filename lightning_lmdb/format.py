@@ -14,15 +14,17 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
   ASCII digits (``b"0000000042"``), written with ``append=True``. File names never touch a key. The
   value is what :mod:`lightning_lmdb.codec` makes of the file for the database's ``storage``: the
   file's bytes, untouched, a pixel header and RGB pixels, or a pixel header and a zstd frame of them;
-  ``meta/codecs`` says which.
+  ``meta/codecs`` says which. With ``target_kind`` ``mask``, that value and the mask's are packed in one
+  record (:func:`lightning_lmdb.masks.pack`).
 
 * Key ``meta`` of the main database: the **header**, small UTF-8 JSON (never pickle) whatever the
   number of records: ``format`` (``"lightning_lmdb"``), ``version`` (2 or 3), ``count``, ``storage``,
   ``classes``, ``class_to_idx``, ``checksum`` (the per-record digest algorithm, ``blake2b-64``),
   ``source`` (``root``, ``num_files``, ``bytes``, ``fingerprint`` over paths, targets, sizes and
-  mtimes), ``target_kind`` (``class``, ``none``, ``multilabel`` or ``regression``; absent from older files: ``class``
-  with classes, else ``none``), ``target_names`` (version 3, regression: the K names), ``split_names`` (version 3,
-  when the source has a split column: the split names in order), ``options`` (the build options that shape the
+  mtimes), ``target_kind`` (``class``, ``none``, ``multilabel``, ``regression`` or ``mask``; absent from older files:
+  ``class`` with classes, else ``none``), ``target_names`` (version 3, regression: the K names), ``split_names`` (version 3,
+  when the source has a split column: the split names in order), ``ignore_index`` (version 3, ``mask``: the mask value
+  of unlabelled pixels), ``options`` (the build options that shape the
   contents), ``skipped`` (list of
   ``{"path", "reason"}``), ``created``, ``library_version``, ``build_id`` (a random identity of
   this build) and ``arrays``: the hex ``blake2b-128`` digest of each array below.
@@ -33,14 +35,17 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
 * The per-record arrays, each one LMDB value, little-endian, no framing:
 
   - ``meta/targets``: ``int32`` per record: the class index (``-1`` for unlabelled images and the other kinds);
-  - ``meta/labels`` and ``meta/label-offsets`` (version 3, ``multilabel``): each record's class indices (``int32``),
-    concatenated, and ``int64`` per record plus one: record ``i``'s are ``labels[offsets[i]:offsets[i+1]]``;
+  - ``meta/labels`` and ``meta/label-offsets`` (version 3, ``multilabel``; ``mask``: the classes its mask holds): each
+    record's class indices (``int32``), concatenated, and ``int64`` per record plus one: record ``i``'s are
+    ``labels[offsets[i]:offsets[i+1]]``;
   - ``meta/values`` (version 3, ``regression``): ``float32``, K per record;
   - ``meta/splits`` (version 3, with ``split_names``): ``uint8`` per record, its split's index in ``split_names``;
   - ``meta/checksums``: 8 raw bytes per record, the ``blake2b-64`` digest of its value;
   - ``meta/paths``: the records' relative source paths, UTF-8 (undecodable bytes of a file name kept
     with ``surrogateescape``), concatenated;
   - ``meta/path-offsets``: ``int64`` per record plus one: path ``i`` is ``paths[offsets[i]:offsets[i+1]]``;
+  - ``meta/mask-paths`` and ``meta/mask-path-offsets`` (version 3, ``mask``): each record's mask path as ``meta/paths``
+    (relative to the source's root when inside it, else absolute);
   - ``meta/codecs``: ``uint8`` per record, the id of its record codec (:data:`lightning_lmdb.codec.RECORD_CODECS`:
     ``zstd pixels``, ``JPEG``, ``PNG``, ...). Databases written before it existed lack it (and its digest):
     every record then has the codec its ``storage`` always wrote (``StorageMode.default_codec``).
@@ -104,8 +109,7 @@ from lightning_lmdb.fsops import (  # noqa: F401
 )
 from lightning_lmdb.jsonfields import JsonFields
 from lightning_lmdb.pathtable import PathTable
-from lightning_lmdb.sources import TARGET_KINDS
-from lightning_lmdb.targets import TargetTable
+from lightning_lmdb.targets import LABEL_KINDS, TargetTable, read_typed
 
 FORMAT_NAME = "lightning_lmdb"
 #: The newest format version this library reads and writes.
@@ -134,6 +138,8 @@ ARRAYS: dict[str, tuple[bytes, str, int, int]] = {
     "label_offsets": (b"meta/label-offsets", "<i8", 1, 1),
     "values": (b"meta/values", "<f4", 0, 0),  # version 3, regression: K per record (checked by the reader)
     "splits": (b"meta/splits", "u1", 1, 0),  # version 3, with split_names
+    "mask_paths": (b"meta/mask-paths", "u1", 0, 0),  # version 3, mask: a blob, its length given by the offsets
+    "mask_path_offsets": (b"meta/mask-path-offsets", "<i8", 1, 1),
 }
 
 
@@ -227,7 +233,8 @@ class Metadata:
     ``int32`` and ``uint8`` arrays; ``codecs`` of an older database is its storage's one codec), and so are the typed
     targets of its kind (``labels`` / ``label_offsets``, ``values``) and ``splits``; ``paths`` (a :class:`PathTable`) and
     ``checksums`` (``count x 8`` bytes) are ``None`` unless asked for (``read_meta(..., arrays=True)``; version 1
-    databases always carry them). :meth:`target_table` gives the targets as a dataset serves them.
+    databases always carry them). :meth:`target_table` gives the targets as a dataset serves them. A ``mask`` database
+    has ``ignore_index`` (else ``None``) and, with ``arrays=True``, ``mask_paths`` (a :class:`PathTable`, else ``None``).
     """
 
     version: int
@@ -254,6 +261,8 @@ class Metadata:
     values: np.ndarray | None = None
     split_names: list[str] = dataclasses.field(default_factory=list)
     splits: np.ndarray | None = None
+    ignore_index: int | None = None
+    mask_paths: PathTable | None = None
 
     def __post_init__(self) -> None:
         if not self.target_kind:
@@ -261,7 +270,7 @@ class Metadata:
 
     def target_table(self) -> TargetTable:
         """The targets as a dataset serves them (:class:`~lightning_lmdb.targets.TargetTable`)."""
-        width = {"multilabel": len(self.classes), "regression": len(self.target_names)}.get(self.target_kind, 0)
+        width = len(self.target_names) if self.target_kind == "regression" else len(self.classes) if self.target_kind in LABEL_KINDS else 0
         values = None if self.values is None else self.values.reshape(self.count, width)
         return TargetTable(self.target_kind, self.targets, width, labels=self.labels, offsets=self.label_offsets, values=values)
 
@@ -285,6 +294,7 @@ class Metadata:
             "target_kind": self.target_kind,
             **({"target_names": self.target_names} if self.target_names else {}),
             **({"split_names": self.split_names} if self.split_names else {}),
+            **({"ignore_index": self.ignore_index} if self.ignore_index is not None else {}),
         }
 
 
@@ -332,42 +342,14 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
                 raise DatabaseError(f"Path offsets of {str(path)!r} do not index its path blob: the database is damaged; rebuild it.")
             paths = PathTable(blob, offsets)
             checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
-        meta = _typed(get, read, _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs))
+        meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs)
+        meta = dataclasses.replace(meta, **read_typed(get, read, meta, arrays=arrays))
         if "shard" in obj:
             shard = JsonFields(get("shard", dict), path, "shard.")
             info = ShardInfo(*(shard(name, int) for name in ("index", "of", "start", "stop", "scan_files")),
                              shard("scan_fingerprint", str))
             meta = dataclasses.replace(meta, shard=info)
         return meta
-
-
-def _typed(get: JsonFields, read: _ArrayReader, meta: Metadata) -> Metadata:
-    """``meta`` with its target kind, typed targets and splits (version 3 fields; absent from older files), each checked."""
-    kind = get("target_kind", str) if "target_kind" in get.obj else meta.target_kind
-    if kind not in TARGET_KINDS:
-        get.fail("target_kind", f"is {kind!r}, not one of {TARGET_KINDS} (a newer lightning_lmdb built it: upgrade)")
-    names, split_names = (get.list_of(key, str) if key in get.obj else [] for key in ("target_names", "split_names"))
-    typed: dict[str, Any] = {"target_kind": kind, "target_names": names, "split_names": split_names}
-    if kind == "multilabel":
-        offsets, labels = read("label_offsets"), read("labels")
-        if offsets[0] != 0 or offsets[-1] != len(labels) or np.any(np.diff(offsets) < 0):
-            get.fail("arrays", "holds label offsets that do not index its labels")
-        if len(labels) and (labels.min() < 0 or labels.max() >= len(meta.classes)):
-            get.fail("arrays", f"holds a label outside its {len(meta.classes)} classes")
-        typed.update(labels=labels, label_offsets=offsets)
-    elif kind == "regression":
-        values = read("values")
-        if not names or len(values) != meta.count * len(names):
-            get.fail("arrays", f"holds {len(values)} regression values for {meta.count} records of {len(names)} values")
-        typed["values"] = values
-    if split_names:
-        splits = read("splits")
-        if len(splits) and int(splits.max()) >= len(split_names):
-            get.fail("arrays", f"holds a split index outside its {len(split_names)} split names")
-        typed["splits"] = splits
-    for array in (v for v in typed.values() if isinstance(v, np.ndarray)):
-        array.flags.writeable = False
-    return dataclasses.replace(meta, **typed)
 
 
 def _check_version(obj: Any, path: str | os.PathLike[str]) -> int:
@@ -474,7 +456,8 @@ def write_meta(txn: lmdb.Transaction, meta: Metadata) -> None:
         "codecs": np.ascontiguousarray(meta.codecs, dtype=np.uint8).tobytes(),
     }
     typed = {"labels": (meta.labels, "<i4"), "label_offsets": (meta.label_offsets, "<i8"), "values": (meta.values, "<f4"),
-             "splits": (meta.splits, np.uint8)}
+             "splits": (meta.splits, np.uint8), "mask_paths": (None if meta.mask_paths is None else meta.mask_paths.blob, np.uint8),
+             "mask_path_offsets": (None if meta.mask_paths is None else meta.mask_paths.offsets, "<i8")}
     values.update({name: np.ascontiguousarray(array, dtype=dtype).reshape(-1).tobytes()
                    for name, (array, dtype) in typed.items() if array is not None})
     header = dump_json({**meta.header(), "arrays": {name: _digest(value).hex() for name, value in values.items()}})

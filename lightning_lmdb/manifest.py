@@ -38,8 +38,14 @@ is kept (size 0): the build reports it, naming the manifest line (``SourceFile.o
 Inference: names or integers give ``"class"``, lists ``"multilabel"``, numbers with a fraction ``"regression"``; anything
 mixed or unclear (names with fractions, whole-number floats like ``1.0``) asks for ``target_kind``. Booleans are not numbers.
 
+**Masks** (segmentation, :mod:`lightning_lmdb.masks`): a column of mask paths, ``mask_column`` (default ``mask`` when present
+and ``target_kind`` is unset or ``"mask"``), makes the target kind ``"mask"``: each row's mask is a second image path,
+placed like the image (relative to the root, inside it); a missing mask is reported by the build, naming the line. A
+manifest with both ``label`` and ``mask`` columns needs ``target_kind`` (``"mask"``: the label column is not read).
+``ignore_index``, ``num_classes`` (and ``classes``) say how the mask values are read; without a mask column they are refused.
+
 **Row errors** do not stop the scan: an empty or malformed label, a label not among ``classes=``, an index out of range,
-an empty image cell, a path out of the root, a path listed twice (the later row), an empty split cell, a FIFO or other
+an empty image (or mask) cell, a path out of the root, a path listed twice (the later row), an empty split cell, a FIFO or other
 non-regular file. Each goes in ``SourceScan.special`` with a reason naming the manifest and the line; the build refuses
 it, or skips and records it with ``on_error="skip"``. A problem with the whole file (not UTF-8, not JSON, no header, no
 data rows, a missing column, an unclear target kind) raises :class:`~lightning_lmdb.errors.SourceError`.
@@ -48,7 +54,6 @@ data rows, a missing column, an unclear target kind) raises :class:`~lightning_l
 from __future__ import annotations
 
 import csv
-import io
 import json
 import logging
 import math
@@ -58,7 +63,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from lightning_lmdb import masks
 from lightning_lmdb.errors import OptionError, SourceError
+from lightning_lmdb.manifestfile import Table, read_table
 from lightning_lmdb.sources import NO_TARGET, Labels, ManifestOptions, SourceFile, SourceScan, not_regular_reason
 
 __all__ = ["MANIFEST_SUFFIXES", "METADATA_NAMES", "accepts", "classes", "has_samples", "labels", "scan"]
@@ -93,8 +100,9 @@ def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
         OptionError: Options that contradict each other or the manifest (e.g. ``label_sep`` with ``target_kind="class"``).
     """
     options = options or ManifestOptions()
-    table, root, path_col, label_cols, split_col = _open(source, options, announce=True)
-    targets = _targets(table, label_cols, options)
+    table, root, path_col, label_cols, split_col, mask_col = _open(source, options, announce=True)
+    targets = _targets(table, label_cols, options) if mask_col is None else _Targets("mask", [NO_TARGET] * len(table.rows))
+    mask_cells = table.column(mask_col) if mask_col is not None else None
     splits = table.column(split_col) if split_col else None
     prefix = str(root) if str(root).endswith(os.sep) else str(root) + os.sep
     name, lines, bad, errors, values = table.name, table.lines, table.bad, targets.errors, targets.values
@@ -102,7 +110,7 @@ def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
     special: list[tuple[str, str]] = []
     seen: dict[str, int] = {}
     for i, cell in enumerate(table.column(path_col)):
-        line = lines[i]
+        line, mask_rel, mask = lines[i], "", ""
         origin = f"{name} line {line}"
         relpath, path, problem = _place(cell, prefix, path_col)
         if problem is None:
@@ -113,18 +121,16 @@ def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
         if problem is None and splits is not None and (not isinstance(split, str) or not split):
             problem = (f"empty split cell (column {split_col!r}); give the row a split name like train or val" if split in (None, "")
                        else f"split {split!r} is not a name (a string)")
+        if problem is None and mask_cells is not None:
+            mask_rel, mask, problem = _place(mask_cells[i], prefix, str(mask_col), "mask")
+        size, mtime, problem = _stat(path, relpath) if problem is None else (0, 0, problem)
+        mask_size, mask_mtime, problem = _stat(mask, mask_rel) if problem is None and mask else (0, 0, problem)
         if problem is not None:
             special.append((relpath, f"{origin}: {problem}"))
             continue
-        try:
-            st = os.stat(path)
-        except OSError:  # missing or unreadable: kept, the build reports it (naming the origin) when it fails to read it
-            files.append(SourceFile(path, relpath, values[i], 0, 0, split, origin))
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            special.append((relpath, f"{origin}: {relpath!r} {not_regular_reason(st.st_mode)}"))
-            continue
-        files.append(SourceFile(path, relpath, values[i], st.st_size, st.st_mtime_ns, split, origin))
+        files.append(SourceFile(path, relpath, values[i], size, mtime, split, origin, mask, mask_size, mask_mtime))
+    if mask_col is not None:
+        return masks.mask_scan(root, files, special, options, {"manifest": table.name, "mask_column": mask_col})
     identity = json.dumps({"manifest": table.name, "kind": targets.kind, "classes": targets.classes, "target_names": targets.names},
                           sort_keys=True, ensure_ascii=False)
     return SourceScan(root=root, classes=targets.classes, class_to_idx={c: k for k, c in enumerate(targets.classes)}, files=files,
@@ -153,29 +159,11 @@ def classes(source: Path, options: ManifestOptions | None = None) -> tuple[list[
 def labels(source: Path, options: ManifestOptions | None = None) -> Labels:
     """The classes, target kind and target names of the manifest (it is parsed, its images are not looked at)."""
     options = options or ManifestOptions()
-    table, _, _, label_cols, _ = _open(source, options)
+    table, _, _, label_cols, _, mask_col = _open(source, options)
+    if mask_col is not None:
+        return masks.mask_labels(options)
     targets = _targets(table, label_cols, options)
     return Labels(targets.classes, {c: k for k, c in enumerate(targets.classes)}, targets.kind, list(targets.names))
-
-
-@dataclass
-class _Table:
-    """A parsed manifest: its columns, and per data row its physical line and its cells."""
-
-    path: str  # the manifest, quoted, for file-level messages
-    name: str  # its file name, for row messages
-    is_csv: bool
-    columns: list[str] = field(default_factory=list)
-    lines: list[int] = field(default_factory=list)
-    rows: list[Any] = field(default_factory=list)  # lists of cells (CSV), dicts (JSON Lines)
-    bad: dict[int, str] = field(default_factory=dict)  # row index -> a row error found while reading
-
-    def column(self, name: str) -> list[Any]:
-        """The cells of column ``name``, one per row (``""`` / ``None`` where a row has none)."""
-        if not self.is_csv:
-            return [row.get(name) for row in self.rows]
-        i = self.columns.index(name)
-        return [row[i] if i < len(row) else "" for row in self.rows]
 
 
 @dataclass
@@ -187,10 +175,10 @@ class _Targets:
     names: list[str] = field(default_factory=list)
 
 
-def _open(source: Path, options: ManifestOptions, announce: bool = False) -> tuple[_Table, Path, str, list[str], str | None]:
-    """The parsed manifest of ``source``, its root, and its image, label and split columns."""
+def _open(source: Path, options: ManifestOptions, announce: bool = False) -> tuple[Table, Path, str, list[str], str | None, str | None]:
+    """The parsed manifest of ``source``, its root, and its image, label, split and mask columns."""
     manifest = _manifest_file(source, announce)
-    table = _read_table(manifest)
+    table = read_table(manifest)
     if not table.rows:
         raise SourceError(f"{table.path} has no data rows: list one image per row (below the header, for a CSV).")
     root = _root(manifest, options)
@@ -198,12 +186,13 @@ def _open(source: Path, options: ManifestOptions, announce: bool = False) -> tup
     if path_col is None:
         raise SourceError(f"{table.path} has no image column: expected 'path' (or Hugging Face's 'file_name'); its columns are "
                           f"{table.columns}. Name yours with path_column= (CLI --path-column, Hydra data.manifest.path_column).")
+    mask_col = masks.mask_column(table.path, table.columns, options)
     if options.label_column is None:
-        label_cols = ["label"] if "label" in table.columns else []
+        label_cols = ["label"] if "label" in table.columns and mask_col is None else []
     else:
         given = (options.label_column,) if isinstance(options.label_column, str) else options.label_column
         label_cols = [_column(table, "label_column", name, ()) or name for name in given]
-    return table, root, path_col, label_cols, _column(table, "split_column", options.split_column, ("split",))
+    return table, root, path_col, label_cols, _column(table, "split_column", options.split_column, ("split",)), mask_col
 
 
 def _manifest_file(source: Path, announce: bool = False) -> Path:
@@ -229,74 +218,7 @@ def _root(manifest: Path, options: ManifestOptions) -> Path:
     return root
 
 
-def _read_table(manifest: Path) -> _Table:
-    data = manifest.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = exc.object.count(b"\n", 0, exc.start) + 1
-        raise SourceError(f"{str(manifest)!r} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
-                          "save the manifest as UTF-8.") from None
-    return (_read_csv if manifest.suffix.lower() in (".csv", ".tsv") else _read_jsonl)(manifest, text)
-
-
-def _read_csv(manifest: Path, text: str) -> _Table:
-    table = _Table(repr(str(manifest)), manifest.name, True)
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=("\t" if manifest.suffix.lower() == ".tsv" else ","))
-    header, last = None, 0
-    try:
-        for row in reader:
-            line, last = last + 1, reader.line_num
-            if not any(row):
-                continue
-            if header is None:
-                header = [name.strip() for name in row]
-            else:
-                if len(row) > len(header):
-                    table.bad[len(table.rows)] = (f"{len(row)} cells, the header has {len(header)}; quote a cell that holds "
-                                                  f"{'a tab' if manifest.suffix.lower() == '.tsv' else 'a comma'}")
-                table.rows.append(row)
-                table.lines.append(line)
-    except csv.Error as exc:
-        raise SourceError(f"{table.path} line {reader.line_num}: {exc}. Fix the file (is it a {manifest.suffix} file?).") from None
-    if header is None:
-        raise SourceError(f"{table.path} is empty: a manifest starts with a header row naming its columns (e.g. path,label).")
-    twice = sorted({name for name in header if header.count(name) > 1})
-    if twice:
-        raise SourceError(f"{table.path}: the header names column(s) {twice} more than once; rename them.")
-    table.columns = header
-    return table
-
-
-def _read_jsonl(manifest: Path, text: str) -> _Table:
-    table = _Table(repr(str(manifest)), manifest.name, False)
-    numbered = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
-    try:  # all lines in one parse (twice as fast); any doubt and each line is parsed alone, naming the bad one
-        rows = json.loads(f"[{','.join(line for _, line in numbered)}]")
-    except (ValueError, RecursionError):
-        rows = None
-    if rows is None or len(rows) != len(numbered) or not all(type(row) is dict for row in rows):
-        rows = [_json_object(table.path, number, line) for number, line in numbered]
-    columns: dict[str, None] = {}
-    for row in rows:
-        columns.update(dict.fromkeys(row))
-    table.columns, table.rows, table.lines = list(columns), rows, [number for number, _ in numbered]
-    return table
-
-
-def _json_object(path: str, number: int, line: str) -> dict[str, Any]:
-    try:
-        row = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        why = f"{exc.msg}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise SourceError(f"{path} line {number} is not JSON ({why}): a JSON Lines manifest holds one JSON object per line.") from None
-    if not isinstance(row, dict):
-        raise SourceError(f"{path} line {number} is a JSON {type(row).__name__}, not an object: write one object per line, "
-                          'e.g. {"path": "a.jpg", "label": "cat"}.')
-    return row
-
-
-def _column(table: _Table, option: str, given: str | None, defaults: tuple[str, ...]) -> str | None:
+def _column(table: Table, option: str, given: str | None, defaults: tuple[str, ...]) -> str | None:
     """``given`` (which must be a column), else the first of ``defaults`` the manifest has, else None."""
     if given is not None:
         if given not in table.columns:
@@ -305,18 +227,28 @@ def _column(table: _Table, option: str, given: str | None, defaults: tuple[str, 
     return next((name for name in defaults if name in table.columns), None)
 
 
-def _place(cell: Any, prefix: str, column: str) -> tuple[str, str, str | None]:
-    """``(relpath, path, None)`` of an image cell (``prefix``: the root and a separator), or ``(cell as written, "", reason)``."""
+def _place(cell: Any, prefix: str, column: str, what: str = "image") -> tuple[str, str, str | None]:
+    """``(relpath, path, None)`` of an image (or mask) cell (``prefix``: the root and a separator), or ``(cell as written, "", reason)``."""
     if not isinstance(cell, str) or not cell:
-        return ("" if cell is None else str(cell)), "", (f"empty image cell (column {column!r})" if cell in (None, "")
-                                                         else f"image path {cell!r} is not a string")
+        return ("" if cell is None else str(cell)), "", (f"empty {what} cell (column {column!r})" if cell in (None, "")
+                                                         else f"{what} path {cell!r} is not a string")
     if cell.startswith("/") or (os.name == "nt" and os.path.isabs(cell)):
         return cell, cell, None
     native = os.path.normpath(cell)
     if native == os.pardir or native.startswith(_UP):
-        return cell, "", (f"image path {cell!r} leads out of the root {prefix[:-1] or prefix!r}; list it relative to the root, give "
+        return cell, "", (f"{what} path {cell!r} leads out of the root {prefix[:-1] or prefix!r}; list it relative to the root, give "
                           "its absolute path, or set root= to a folder that holds it")
     return native.replace(os.sep, "/"), prefix + native, None
+
+
+def _stat(path: str, relpath: str) -> tuple[int, int, str | None]:
+    """``(size, mtime_ns, None)`` of a listed file (``0, 0`` when missing or unreadable: the build reports it, naming the line), or
+    ``(0, 0, reason)`` for a FIFO, socket, device or folder."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0, 0, None
+    return st.st_size, st.st_mtime_ns, (None if stat.S_ISREG(st.st_mode) else f"{relpath!r} {not_regular_reason(st.st_mode)}")
 
 
 def _tag(value: Any, is_csv: bool) -> str | None:
@@ -354,7 +286,7 @@ def _firsts(values: list[Any]) -> list[int]:
     return out
 
 
-def _infer(table: _Table, column: str, values: list[Any], firsts: list[int]) -> str:
+def _infer(table: Table, column: str, values: list[Any], firsts: list[int]) -> str:
     first: dict[str, int] = {}
     for i, value in enumerate(values):
         tag = _tag(value, table.is_csv) if firsts[i] == i else None
@@ -372,7 +304,7 @@ def _infer(table: _Table, column: str, values: list[Any], firsts: list[int]) -> 
     raise SourceError(f"{table.path}: cannot tell which kind of target column {column!r} holds: {found or 'no values'}. {_SET_KIND}")
 
 
-def _targets(table: _Table, columns: list[str], options: ManifestOptions) -> _Targets:
+def _targets(table: Table, columns: list[str], options: ManifestOptions) -> _Targets:
     kind, n = options.target_kind, len(table.rows)
     if kind == "none" or not columns:
         if kind not in (None, "none"):
@@ -412,7 +344,7 @@ def _tokens(value: Any, multi: bool, sep: str | None) -> list[Any] | str:
     return items
 
 
-def _categorical(table: _Table, column: str, values: list[Any], firsts: list[int], multi: bool, options: ManifestOptions) -> _Targets:
+def _categorical(table: Table, column: str, values: list[Any], firsts: list[int], multi: bool, options: ManifestOptions) -> _Targets:
     if multi and table.is_csv and options.label_sep is None:
         raise OptionError(f"{table.path}: a CSV multi-label column ({column!r}) needs label_sep=, the character between the "
                           "labels of a cell (e.g. '|'; CLI --label-sep, Hydra data.manifest.label_sep).")
@@ -477,7 +409,7 @@ def _number(value: Any) -> float | str:
     return number if math.isfinite(number) else f"label {value!r} is not a finite number"
 
 
-def _regression(table: _Table, columns: list[str]) -> _Targets:
+def _regression(table: Table, columns: list[str]) -> _Targets:
     cells = [table.column(c) for c in columns]
     first = next((v for v in cells[0] if v is not None and v != ""), None) if len(columns) == 1 else None
     listed = isinstance(first, list)

@@ -18,14 +18,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from lightning_lmdb import datasource, readers
+from lightning_lmdb import datasource, masks, readers
 from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS
-from lightning_lmdb.dataset import _ImageDataset, kind_of
+from lightning_lmdb.dataset import WithMask, _ImageDataset, ignore_index_of, kind_of
 from lightning_lmdb.decoders import ImageDecodeError, decode, hwc_to_tensor
 from lightning_lmdb.decoding import check_decoding
-from lightning_lmdb.errors import BuildError, LightningLMDBError
+from lightning_lmdb.errors import BuildError, LightningLMDBError, SourceError
 from lightning_lmdb.sources import Labels, ManifestOptions, SourceScan, read_file, scan_source
 from lightning_lmdb.targets import TargetTable
 
@@ -38,10 +38,16 @@ class RawImageDataset(_ImageDataset):
     The folder is scanned with torchvision's ImageFolder helpers (see :mod:`lightning_lmdb.folder`) and
     each file goes through the same decode function as :class:`LMDBImageDataset`.
 
+    A source with segmentation masks (target kind ``"mask"``) serves ``(image, mask)`` as a mask database does, each mask
+    read from its file (:func:`lightning_lmdb.masks.read_mask`: checked to be an index mask of its image's size). Its
+    classes, unless the source gives them (``classes=`` / ``num_classes=``), are found by reading every mask once
+    (:func:`mask_classes`), as a build finds them.
+
     Args:
         root: The image folder (ImageFolder layout, or a flat folder of images).
-        transform: Applied to the decoded image (a PIL RGB image with ``decoder="pil"``, else a ``uint8`` tensor).
-        target_transform: Applied to the target.
+        transform: Applied to the decoded image (a PIL RGB image with ``decoder="pil"``, else a ``uint8`` tensor); with masks, to
+            ``(image, mask)`` (see :mod:`lightning_lmdb.dataset`).
+        target_transform: Applied to the target (with masks: the transformed ``int64`` mask).
         decoder: As :class:`LMDBImageDataset`.
         decode_size: As :class:`LMDBImageDataset`.
         indices: Serve only these samples, in this order.
@@ -64,25 +70,40 @@ class RawImageDataset(_ImageDataset):
         self._from_scan(scan_source(root, manifest), transform, target_transform, decoder, decode_size, indices, exclude)
 
     @classmethod
-    def from_scan(cls, scan: SourceScan, transform: Callable[[Any], Any] | None = None, *,
-                  exclude: Collection[str] = ()) -> RawImageDataset:
-        """The samples of a source scanned already (:func:`lightning_lmdb.sources.scan_source`), ``exclude`` left out."""
+    def from_scan(cls, scan: SourceScan, transform: Callable[[Any], Any] | None = None, *, exclude: Collection[str] = (),
+                  classes: Sequence[str] | None = None) -> RawImageDataset:
+        """The samples of a source scanned already (:func:`lightning_lmdb.sources.scan_source`), ``exclude`` left out.
+
+        Args:
+            scan: The scan.
+            transform: As the constructor's.
+            exclude: Relative paths to leave out.
+            classes: A mask source's classes when found already (:func:`mask_classes`); ``None``: the scan's, else found here.
+        """
         dataset = cls.__new__(cls)
-        dataset._from_scan(scan, transform, None, "pil", None, None, exclude)
+        dataset._from_scan(scan, transform, None, "pil", None, None, exclude, classes)
         return dataset
 
     def _from_scan(self, scan: SourceScan, transform: Callable[[Any], Any] | None, target_transform: Callable[[Any], Any] | None,
-                   decoder: str, decode_size: int | None, indices: Sequence[int] | None, exclude: Collection[str]) -> None:
+                   decoder: str, decode_size: int | None, indices: Sequence[int] | None, exclude: Collection[str],
+                   classes: Sequence[str] | None = None) -> None:
         check_decoding(decoder, decode_size)
         self.root = str(scan.root)
         kept = [f for f in scan.files if f.relpath not in exclude] if exclude else scan.files
-        width = len(scan.classes) if scan.target_kind == "multilabel" else len(scan.target_names)
-        self._targets = TargetTable.pack(str(scan.target_kind), [f.target for f in kept], width).freeze()
+        kind = str(scan.target_kind)
+        width = len(scan.classes) if kind == "multilabel" else len(scan.target_names)
+        if kind == "mask":  # the classes each mask holds are known once it is read: on demand (_all_targets)
+            self._targets: TargetTable | None = None
+            self._masks: fmt.PathTable | None = fmt.PathTable.from_strings(f.mask for f in kept)
+            names_of = list(classes) if classes is not None else (scan.classes or mask_classes(scan, exclude))
+        else:
+            self._targets = TargetTable.pack(kind, [f.target for f in kept], width).freeze()
+            self._masks, names_of = None, scan.classes
         self._paths = fmt.PathTable.from_strings(f.relpath for f in kept)
         names = list(scan.split_names or [])
         self._splits = np.array([names.index(f.split) for f in kept], dtype=np.uint8) if names else None
-        super().__init__(scan.classes, scan.class_to_idx, len(kept), transform, target_transform, indices, decoder, decode_size,
-                         (str(scan.target_kind), list(scan.target_names), names))
+        super().__init__(list(names_of), {c: k for k, c in enumerate(names_of)}, len(kept), transform, target_transform, indices,
+                         decoder, decode_size, (kind, list(scan.target_names), names), getattr(scan, "ignore_index", None))
 
     @classmethod
     def from_metadata(
@@ -108,20 +129,29 @@ class RawImageDataset(_ImageDataset):
         Raises:
             ValueError: ``meta`` was read without the paths.
         """
-        if meta.paths is None:
-            raise ValueError("from_metadata needs metadata read with arrays=True (the paths).")
+        masked = meta.target_kind == "mask"
+        if meta.paths is None or (masked and getattr(meta, "mask_paths", None) is None):
+            raise ValueError("from_metadata needs metadata read with arrays=True (the paths" + (" and mask paths)." if masked else ")."))
         dataset = cls.__new__(cls)
         dataset.root = str(Path(root).expanduser().resolve())
         dataset._targets, dataset._paths, dataset._splits = meta.target_table(), meta.paths, meta.splits
+        dataset._masks = getattr(meta, "mask_paths", None) if masked else None
         _ImageDataset.__init__(dataset, meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder,
-                               decode_size, kind_of(meta))
+                               decode_size, kind_of(meta), ignore_index_of(meta))
         return dataset
 
     def files(self) -> list[str]:
         """Absolute path of every image file of the folder (all samples, not only this view's)."""
         return [os.path.join(self.root, p) for p in self._paths.tolist()]
 
+    def mask_files(self) -> list[str]:
+        """Absolute path of every mask file (all samples, not only this view's); ``[]`` without masks."""
+        return [] if self._masks is None else [os.path.join(self.root, p) for p in self._masks.tolist()]
+
     def _all_targets(self) -> TargetTable:
+        if self._targets is None:  # a scanned mask source's: the classes each mask holds, every mask read once, on demand
+            ids = [masks.labels_present(masks.read_mask(read_file(path), path), self.ignore_index) for path in self.mask_files()]
+            self._targets = TargetTable.pack("mask", ids, len(self.classes)).freeze()
         return self._targets
 
     def rows_of_split(self, name: str) -> np.ndarray:
@@ -131,12 +161,42 @@ class RawImageDataset(_ImageDataset):
     def _path_table(self) -> fmt.PathTable:
         return self._paths
 
-    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred:
+    def _name(self, row: int) -> str:
+        path = os.path.join(self.root, self._paths[row])
+        return path if self._masks is None else f"{path} (mask {os.path.join(self.root, self._masks[row])})"
+
+    def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred | WithMask:
         path = os.path.join(self.root, self._paths[row])
         data = read_file(path)
+        if self._masks is not None:  # the mask file: read with the image, checked against it in _transformed_pair
+            mask_path = os.path.join(self.root, self._masks[row])
+            mask = masks.read_mask(read_file(mask_path), mask_path)
         if marks is not None:
             marks.append(time.perf_counter())
-        return self._deferred(data) or decode(data, self.decoder, decode_size=self.decode_size, name=path)
+        image = self._deferred(data) or decode(data, self.decoder, decode_size=self._image_decode_size(), name=path)
+        return image if self._masks is None else WithMask(image, mask)
+
+
+def mask_classes(scan: SourceScan, exclude: Collection[str] = ()) -> list[str]:
+    """The classes a build finds in a mask source (:class:`lightning_lmdb.masks.MaskTargets`): every mask (but ``exclude``'s)
+    read once, in this process.
+
+    Raises:
+        ImageDecodeError: A mask that is not an index mask (a build refuses it too, or skips it with ``on_error="skip"``: pass
+            the bad files as ``exclude``).
+        SourceError: A mask holding a class id beyond ``num_classes=``.
+    """
+    fitting = masks.MaskTargets.of(scan)
+    found = []
+    for file in scan.files:
+        if file.relpath in exclude:
+            continue
+        ids = masks.labels_present(masks.read_mask(read_file(file.mask), file.mask), fitting.ignore_index)
+        problem = fitting.check(ids)
+        if problem is not None:
+            raise SourceError(f"{file.mask}: {problem}.")
+        found.append(ids)
+    return list(fitting.finish(found).classes)
 
 
 # --- a map-style dataset source, served from the dataset itself ----------------------------------------------------------

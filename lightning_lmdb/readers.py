@@ -7,6 +7,10 @@ reads without building anything. The pool is sized by :func:`available_cores` un
 A dataset source (:mod:`lightning_lmdb.datasource`) is read the same way, sample by sample
 (:func:`lightning_lmdb.datasource.read_sample`): the dataset reaches each reader process once, through the
 pool's initializer (inherited with the ``fork`` start method, pickled once per reader otherwise).
+
+A source with segmentation masks (:class:`lightning_lmdb.masks.MaskScan`) is read a pair at a time: the image as any image,
+then its mask (:func:`lightning_lmdb.masks.read_mask`, the image's size), packed in one record
+(:func:`lightning_lmdb.masks.pack`); the record's target (its progress entry's end) is the classes the mask holds.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lightning_lmdb import datasource
+from lightning_lmdb import datasource, masks
 from lightning_lmdb import format as fmt
-from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
+from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record, storage_mode
+from lightning_lmdb.decoders import decode_pil
 from lightning_lmdb.errors import SourceError
 from lightning_lmdb.sources import NotRegularFileError, SourceFile, SourceScan, read_file
 
@@ -42,8 +47,8 @@ def available_cores() -> int:
 
 
 #: One file to read: (index, path, storage or "check", max_pixels, resize, quality); for a dataset source, the sample's
-#: index as text in place of the path.
-_Task = tuple[int, str, str, int | None, int | None, int]
+#: index as text in place of the path; for an image with a mask, then (mask path, ignore_index, num_classes or None).
+_Task = tuple[Any, ...]
 #: The dataset a reader process reads samples of (set by :func:`_start_reader`; ``None`` when it reads files).
 _dataset: Any = None
 
@@ -52,6 +57,23 @@ def sample_source(scan: SourceScan) -> tuple[Any | None, Callable[[SourceFile], 
     """What the readers read for ``scan``: ``(None, file -> path)`` for files, ``(dataset, file -> index as text)`` for a dataset."""
     dataset = datasource.dataset_of(scan)
     return (None, _path_of) if dataset is None else (dataset, _relpath_of)
+
+
+def tasks_of(scan: SourceScan, storage: str, max_pixels: int | None, resize: int | None = None, quality: int = 0,
+             start: int = 0) -> list[_Task]:
+    """The readers' tasks for ``scan.files[start:]``: each file (or a dataset's sample) with what to make of it (``storage``, or
+    ``"check"``: decode only), and its mask with how to read it for a :class:`~lightning_lmdb.masks.MaskScan`."""
+    _, key = sample_source(scan)
+    head = (storage, max_pixels, resize, quality)
+    if not isinstance(scan, masks.MaskScan):
+        return [(i, key(scan.files[i]), *head) for i in range(start, len(scan.files))]
+    limit = len(scan.classes) if scan.classes else scan.num_classes
+    return [(i, f.path, *head, f.mask, scan.ignore_index, limit) for i, f in enumerate(scan.files[start:], start)]
+
+
+def record_targets(scan: SourceScan) -> datasource.RecordTargets | masks.MaskTargets:
+    """The checker of the targets that come with the records of a ``targets_from_records`` scan (a dataset's, or masks')."""
+    return masks.MaskTargets.of(scan) if isinstance(scan, masks.MaskScan) else datasource.RecordTargets.of(scan)
 
 
 def _path_of(file: SourceFile) -> str:
@@ -69,13 +91,15 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
         ``(index, value, entry)`` (``entry``: :func:`lightning_lmdb.format.progress_entry`, the digest and the
         record codec), or ``(index, None, reason)`` for a bad file.
     """
-    index, path, storage, max_pixels, resize, quality = task
+    index, path, storage, max_pixels, resize, quality = task[:6]
     try:
         data = read_file(path)
     except NotRegularFileError as exc:
         return index, None, exc.reason
     except OSError as exc:
         return index, None, f"cannot read the file ({exc.strerror or exc}). Check its permissions."
+    if len(task) > 6:
+        return _read_pair(task, data)
     try:
         if storage == "check":  # validation only (find_bad_files)
             encode_record(data, "encoded", max_pixels=max_pixels, name=path)
@@ -84,6 +108,34 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
     except ImageDecodeError as exc:
         return index, None, exc.reason
     return index, value, fmt.progress_entry(value, codec)
+
+
+def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
+    """:func:`_read_one` of an image with a mask (``data``: the image file's bytes): the record :func:`lightning_lmdb.masks.pack`
+    makes of both, its entry :func:`lightning_lmdb.datasource.record_entry` with the classes the mask holds (with ``"check"``:
+    ``b""`` and those classes); or ``(index, None, reason)``, the reason naming the mask when it is the mask that is bad."""
+    index, path, storage, max_pixels, resize, quality, mask_path, ignore_index, num_classes = task
+    try:
+        image = decode_pil(data, max_pixels=max_pixels, name=path)
+        codec, value = storage_mode(storage).encode(data, image, resize, quality) if storage != "check" else (0, b"")
+    except ImageDecodeError as exc:
+        return index, None, exc.reason
+    try:
+        values = masks.read_mask(read_file(mask_path), mask_path, size=image.size)
+    except NotRegularFileError as exc:
+        return index, None, f"its mask {mask_path!r} {exc.reason}"
+    except OSError as exc:
+        return index, None, f"cannot read its mask {mask_path!r} ({exc.strerror or exc}). Check that it exists and its permissions."
+    except ImageDecodeError as exc:
+        return index, None, f"its mask {mask_path!r}: {exc.reason}"
+    labels = masks.labels_present(values, ignore_index)
+    problem = masks.misfit(labels, num_classes, ignore_index)
+    if problem is not None:
+        return index, None, f"its mask {mask_path!r} {problem}"
+    if storage == "check":
+        return index, b"", labels
+    record = masks.pack(value, masks.encode_mask(values))
+    return index, record, datasource.record_entry(record, codec, labels)
 
 
 def _read_sample(task: _Task) -> tuple[int, bytes | None, Any]:
@@ -102,12 +154,32 @@ def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIX
         max_pixels: The builder's decompression-bomb limit.
         workers: Reader processes (``None``: one per core; ``0``: in this process).
     """
+    if isinstance(scan, masks.MaskScan):
+        return read_mask_targets(scan, max_pixels=max_pixels, workers=workers)[1]
     bad = [fmt.Skipped(path, reason) for path, reason in scan.special]
-    dataset, key = sample_source(scan)
-    tasks: list[_Task] = [(i, key(f), "check", max_pixels, None, 0) for i, f in enumerate(scan.files)]
-    with _read_files(tasks, available_cores() if workers is None else workers, dataset) as results:
+    dataset, _ = sample_source(scan)
+    with _read_files(tasks_of(scan, "check", max_pixels), available_cores() if workers is None else workers, dataset) as results:
         bad += [fmt.Skipped(scan.files[i].relpath, reason) for i, value, reason in results if value is None]
     return bad
+
+
+def read_mask_targets(scan: masks.MaskScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = None
+                      ) -> tuple[datasource.FoundTargets, list[fmt.Skipped]]:
+    """Read every image and mask of ``scan`` as a build does (same checks, same process pool), storing nothing.
+
+    Returns:
+        The targets a build with ``on_error="skip"`` makes (kind ``"mask"``, its classes, per kept file in scan order the class
+        ids its mask holds), and the files it leaves out, with the reason (as :func:`find_bad_files`).
+    """
+    bad = [fmt.Skipped(path, reason) for path, reason in scan.special]
+    raws = []
+    with _read_files(tasks_of(scan, "check", max_pixels), available_cores() if workers is None else workers) as results:
+        for i, value, entry in results:
+            if value is None:
+                bad.append(fmt.Skipped(scan.files[i].relpath, entry))
+            else:
+                raws.append(entry)
+    return record_targets(scan).finish(raws), bad
 
 
 def _start_reader(dataset: Any = None) -> None:

@@ -19,22 +19,34 @@ decode would give it: pass a larger ``decode_size``, or ``None``, if that matter
 decode's crop is drawn in the file's pixels, as for a full decode (its corner on the decode's pixel grid),
 and mapped onto the decode at its exact scale (:func:`lightning_lmdb.decoders.reduced_from`), so the picture
 keeps its place and proportions.
+
+**Segmentation masks** (target kind ``"mask"``) are transformed with their image: ``ResizedCrop(image, mask)``
+returns ``(image, mask)``, the mask cropped, resized and flipped by the same parameters with nearest-neighbour
+interpolation (:meth:`ResizedCrop.apply_mask`: each output pixel takes the mask value at its centre, mapped
+as the image's resize maps it; no value is invented). The mask is always at the image's size in the file,
+so a reduced-size decode of the image keeps it aligned: the crop is drawn in the file's pixels and applied
+to the mask at full resolution. A transform of yours for mask data takes and returns ``(image, mask)``
+(a ``torchvision.transforms.v2`` pipeline does, the mask a ``tv_tensors.Mask``).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.nn.functional import interpolate
+from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from lightning_lmdb.decoders import pil_to_tensor, reduced_from
+from lightning_lmdb.masks import DEFAULT_IGNORE_INDEX
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -46,7 +58,8 @@ class ResizedCrop:
 
     Callable on a decoded image -- a ``uint8`` ``3 x H x W`` tensor, or a PIL image (converted first) -- and
     returns a ``uint8`` ``3 x size x size`` tensor; :meth:`params` draws the same geometry from a size alone
-    (the batched path).
+    (the batched path). Called as ``crop(image, mask)`` (a segmentation sample) it returns ``(image, mask)``,
+    the mask given the same geometry with nearest-neighbour interpolation (:meth:`apply_mask`).
 
     Args:
         size: Output side.
@@ -112,15 +125,165 @@ class ResizedCrop:
         out = _resized_box(image, (top, left, h, w), [self.size, self.size], factor)
         return out.flip(-1) if flip else out
 
-    def __call__(self, image: Any) -> torch.Tensor:
+    def apply_mask(self, mask: torch.Tensor, params: Sequence[int], fill: int = DEFAULT_IGNORE_INDEX) -> torch.Tensor:
+        """The geometry of :meth:`apply` with ``params``, given to a segmentation mask (``H x W``, any dtype, the image's size in the file).
+
+        Nearest-neighbour: output pixel ``r`` takes the mask value at its centre, mapped into the crop as the image's
+        resize maps it (source row ``top + floor((r + 1/2) * h / resized height)``), so no value is invented and the
+        mask stays on the image's pixels: within half an output pixel, where the image's antialiased resize blends
+        neighbouring pixels over about one output pixel either side of an edge. Works on any device.
+
+        Args:
+            mask: The mask, at the full size of the image in the file (also with a reduced-size decode of the image).
+            params: ``(top, left, crop height, crop width, flip)``, as :meth:`apply` takes them (with ``factor`` 1).
+            fill: The value of pixels outside the image (only an evaluation crop larger than its resized image has them,
+                with ``resize_ratio < 1``): the ignore index.
+
+        Returns:
+            ``size x size``, the dtype of ``mask`` (a ``tv_tensors.Mask`` for one).
+        """
+        top, left, h, w, flip = (int(p) for p in params)
+        if self.train:
+            resized, offsets = (self.size, self.size), (0, 0)
+        else:
+            short, long = sorted((h, w))
+            side, other = self.min_input_side, int(self.min_input_side * long / short)
+            resized = (side, other) if h <= w else (other, side)
+            offsets = tuple(_centre_offset(n, self.size) for n in resized)
+        rows = _nearest(top, h, resized[0], self.size, offsets[0], mask.device)
+        cols = _nearest(left, w, resized[1], self.size, offsets[1], mask.device)
+        if flip:
+            cols = cols.flip(0)
+        out = mask.as_subclass(torch.Tensor).index_select(-2, rows.clamp(min=0)).index_select(-1, cols.clamp(min=0))
+        if bool((rows < 0).any()) or bool((cols < 0).any()):
+            if not torch.iinfo(out.dtype).min <= fill <= torch.iinfo(out.dtype).max:  # an 8-bit mask, an ignore index beyond it
+                out = out.to(torch.int64)
+            out[..., rows < 0, :] = fill
+            out[..., cols < 0] = fill
+        return tv_tensors.Mask(out) if isinstance(mask, tv_tensors.Mask) else out
+
+    def __call__(self, image: Any, mask: torch.Tensor | None = None, *, fill: int = DEFAULT_IGNORE_INDEX) -> Any:
+        """The transformed image; with ``mask`` (``H x W``, the size of the image in the file), ``(image, mask)``.
+
+        Raises:
+            TypeError: ``image`` is neither a tensor nor a PIL image.
+            ValueError: ``mask`` is not ``H x W`` of the image's size.
+        """
         if isinstance(image, Image.Image):
             image = pil_to_tensor(image)
         elif not isinstance(image, torch.Tensor):
             raise TypeError(f"ResizedCrop takes a uint8 3 x H x W tensor or a PIL image, not {type(image).__name__}.")
         reduced = reduced_from(image)
         if reduced is not None:  # a reduced-size decode: the crop is drawn on the image in the file, on the decode's pixel grid
-            return self.apply(image, self.params(reduced.height, reduced.width, align=reduced.factor), reduced.factor)
-        return self.apply(image, self.params(image.shape[-2], image.shape[-1]))
+            params, factor, size = self.params(reduced.height, reduced.width, align=reduced.factor), reduced.factor, reduced[1:]
+        else:
+            params, factor, size = self.params(image.shape[-2], image.shape[-1]), 1, tuple(image.shape[-2:])
+        out = self.apply(image, params, factor)
+        if mask is None:
+            return out
+        if mask.ndim != 2 or tuple(mask.shape) != tuple(size):
+            raise ValueError(f"A mask of shape {tuple(mask.shape)} for an image of {size[0]} x {size[1]} pixels (in its file): "
+                             "a mask must be H x W, the size of its image.")
+        return out, self.apply_mask(mask, params, fill)
+
+
+def _centre_offset(length: int, crop: int) -> int:
+    """Where torchvision's ``center_crop`` of ``crop`` pixels starts in ``length`` (negative: it pads ``-offset`` pixels first)."""
+    return int(round((length - crop) / 2.0)) if length >= crop else -((crop - length) // 2)
+
+
+def _nearest(start: int, length: int, resized: int, out: int, offset: int, device: torch.device) -> torch.Tensor:
+    """The source index of each of ``out`` output pixels: the span ``[start, start + length)`` resized to ``resized`` pixels,
+    output pixel ``r`` being resized pixel ``r + offset``; ``-1`` where that is outside the resized span (padding).
+
+    Resized pixel ``j``'s centre lies in source pixel ``start + floor((2j + 1) * length / (2 * resized))`` (integer arithmetic:
+    exact, as ``interpolate(mode="nearest-exact")``).
+    """
+    j = torch.arange(out, dtype=torch.int64, device=device) + offset
+    index = start + torch.div((2 * j + 1) * length, 2 * resized, rounding_mode="floor").clamp_(0, length - 1)
+    return torch.where((j >= 0) & (j < resized), index, torch.full_like(index, -1))
+
+
+def image_size(image: Any) -> tuple[int, int]:
+    """``(height, width)`` of a decoded image in its file (a reduced-size decode's :func:`~lightning_lmdb.decoders.reduced_from`)."""
+    reduced = reduced_from(image)
+    if reduced is not None:
+        return reduced.height, reduced.width
+    return (image.height, image.width) if isinstance(image, Image.Image) else (int(image.shape[-2]), int(image.shape[-1]))
+
+
+def mask_tensor(values: np.ndarray, dtype: torch.dtype | None = torch.int64) -> torch.Tensor:
+    """A stored mask (``H x W`` ``uint8`` / ``uint16``, :func:`lightning_lmdb.masks.decode_mask`) as a tensor of ``dtype``
+    (``None``: the most compact one torch indexes, ``uint8`` or ``int32``)."""
+    if dtype is None:
+        dtype = torch.uint8 if values.dtype == np.uint8 else torch.int32
+    if not values.flags.writeable:  # PIL's array of a mask file: torch warns about sharing read-only memory
+        values = values.copy()
+    return torch.from_numpy(values).to(dtype) if values.dtype == np.uint8 else torch.from_numpy(values.astype(np.int32)).to(dtype)
+
+
+def transform_pair(transform: Callable[..., Any] | None, image: Any, values: np.ndarray,
+                   fill: int = DEFAULT_IGNORE_INDEX) -> tuple[Any, torch.Tensor]:
+    """A segmentation sample transformed together: ``(image, mask)``, the mask an ``int64`` ``h x w`` tensor.
+
+    Args:
+        transform: ``None`` (the image as decoded, the mask as stored), a :class:`ResizedCrop` or the defaults' ``v2.Compose``
+            starting with one (:func:`joint_crop`: its mask path, on the mask's compact dtype), or any callable that takes and
+            returns ``(image, mask)`` -- a ``torchvision.transforms.v2`` pipeline -- called as
+            ``transform(image, tv_tensors.Mask(mask))`` with an ``int64`` mask.
+        image: The decoded image.
+        values: Its mask, ``H x W`` (the size of the image in its file), as stored.
+        fill: The ignore index: the value of pixels a crop adds outside the image.
+
+    Raises:
+        TypeError: ``transform`` did not return a pair whose second item is a tensor.
+    """
+    if transform is None:
+        return image, mask_tensor(values)
+    crop = joint_crop(transform)
+    if crop is not None:  # the defaults (a crop, then v2 steps that leave a mask as it is: ToDtype, Normalize)
+        image, mask = crop(image, mask_tensor(values, None), fill=fill)
+        for step in () if crop is transform else transform.transforms[1:]:  # type: ignore[union-attr]
+            image, mask = step(image, tv_tensors.Mask(mask))
+        return image, mask.as_subclass(torch.Tensor).to(torch.int64)
+    mask = tv_tensors.Mask(mask_tensor(values))
+    try:
+        pair = transform(image, mask)
+    except TypeError as exc:
+        if _takes_two(transform, image, mask):
+            raise
+        raise TypeError(_PAIR.format(f"{_named(transform)} does not take two arguments ({exc})")) from exc
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[1], torch.Tensor)):
+        raise TypeError(_PAIR.format(f"{_named(transform)} returned {type(pair).__name__}"))
+    return pair[0], pair[1].as_subclass(torch.Tensor).to(torch.int64)
+
+
+_PAIR = ("A transform of mask data takes and returns (image, mask); {}. Make it a torchvision.transforms.v2 pipeline (it gets "
+         "the mask as a tv_tensors.Mask), or a callable of (image, mask) returning both.")
+
+
+def _named(transform: Any) -> str:
+    return getattr(transform, "__qualname__", type(transform).__qualname__)
+
+
+def _takes_two(transform: Any, *args: Any) -> bool:
+    """Whether ``transform`` can be called with ``args`` (by its signature; ``True`` when it has none to read)."""
+    try:
+        inspect.signature(transform).bind(*args)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin)
+        return True
+    return True
+
+
+def joint_crop(transform: Any) -> ResizedCrop | None:
+    """The :class:`ResizedCrop` that decides ``transform``'s geometry -- itself, or the first step of a ``v2.Compose`` (the
+    defaults with ``normalize=True``) -- else ``None`` (a transform of yours: it never sees a reduced-size decode of a mask's image)."""
+    if isinstance(transform, ResizedCrop):
+        return transform
+    steps = getattr(transform, "transforms", None)
+    return steps[0] if isinstance(transform, v2.Compose) and steps and isinstance(steps[0], ResizedCrop) else None
 
 
 def _resized_box(image: torch.Tensor, box: tuple[int, int, int, int], size: list[int], factor: int) -> torch.Tensor:
@@ -195,6 +358,8 @@ def train_transform(
 ) -> Callable[[Any], torch.Tensor]:
     """Random resized crop and horizontal flip, as ``uint8`` (or, with ``normalize``, a normalised float tensor).
 
+    Called as ``t(image, mask)`` it returns ``(image, mask)``, the mask cropped and flipped alike (nearest-neighbour).
+
     Args:
         image_size: Output side in pixels.
         scale: Area range of the random crop.
@@ -216,6 +381,8 @@ def eval_transform(
     std: Sequence[float] = IMAGENET_STD,
 ) -> Callable[[Any], torch.Tensor]:
     """``Resize(round(image_size * resize_ratio))`` + ``CenterCrop(image_size)``, as ``uint8`` (or a normalised float tensor).
+
+    Called as ``t(image, mask)`` it returns ``(image, mask)``, the mask resized and cropped alike (nearest-neighbour).
 
     Args:
         image_size: Output side in pixels.

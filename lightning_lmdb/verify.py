@@ -1,7 +1,8 @@
 """Read a database back: describe it (``info``) and check it record by record (``verify``).
 
 Neither imports torch or torchvision, except ``verify`` with a source folder (scanned as ``ImageFolder`` scans it).
-With a source, ``verify`` also compares each record's target and split with the source's (a manifest relabelled since).
+With a source, ``verify`` also compares each record's target and split with the source's (a manifest relabelled since),
+and each record's mask with its mask file (a segmentation database, :mod:`lightning_lmdb.masks`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from lightning_lmdb import database, envs
+from lightning_lmdb import database, envs, masks
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record, record_codec
-from lightning_lmdb.sources import ManifestOptions, SourceScan
+from lightning_lmdb.sources import ManifestOptions, SourceFile, SourceScan
 
 
 @dataclass
@@ -67,6 +68,7 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
         "codecs": codec_counts(meta.codecs),
         "target_kind": meta.target_kind,
         "num_classes": len(meta.classes),
+        **({"ignore_index": meta.ignore_index} if meta.ignore_index is not None else {}),
         "classes": meta.classes,
         **({"target_names": meta.target_names} if meta.target_names else {}),
         **({"splits": split_counts(meta)} if meta.split_names else {}),
@@ -106,7 +108,8 @@ def verify_lmdb(
     by rounding, accepted up to a mean absolute difference of 1 of 255). Reported as problems: source
     files missing from the database (e.g. added after the build), database records no longer in the
     source (deleted or renamed since), records that differ from their file (modified since), records whose
-    target or split differs from the source's (a manifest relabelled since). Source
+    target or split differs from the source's (a manifest relabelled since), records whose mask differs from its mask
+    file's values (or whose mask is now another file). Source
     files the build skipped as unreadable are missing too: they are listed in ``report.skipped`` with
     the reason recorded at build time and fail the check unless ``allow_skipped`` is True.
 
@@ -127,15 +130,18 @@ def verify_lmdb(
     meta, parts = database.open_database(path, arrays=True)
     assert meta.paths is not None and meta.checksums is not None  # arrays=True
     paths = meta.paths.tolist()
+    mask_paths = meta.mask_paths.tolist() if meta.mask_paths is not None and len(meta.mask_paths) == meta.count else None
     with_source = source is not None
     report = VerifyReport(Path(path), meta.count, allow_skipped=allow_skipped or not with_source, compared_with_source=with_source)
-    files = {}
+    files: dict[str, SourceFile] = {}
+    scan_root = ""
     if source is None:
         report.skipped = list(meta.skipped)
     else:
         from lightning_lmdb.sources import scan_source  # torchvision's scan: only a check against the source pays for importing torch
 
         scan = scan_source(source, manifest)
+        scan_root = str(scan.root)
         files = {f.relpath: f for f in scan.files}
         report.problems += _compare_targets(meta, paths, scan)
         in_source = files.keys() | {relpath for relpath, _ in scan.special}
@@ -163,15 +169,20 @@ def verify_lmdb(
                     report.problems.append(f"record {index}{where} ({relpath}): checksum mismatch, the database is damaged")
                     continue
                 if relpath in files:
-                    problem = _compare_with_source(value, int(meta.codecs[index]), files[relpath].path, meta)
+                    stored_mask = mask_paths[index] if mask_paths is not None else None
+                    problem = _compare_record(value, int(meta.codecs[index]), files[relpath], meta, scan_root, stored_mask)
                     if problem:
                         report.problems.append(f"record {index}{where} ({relpath}): {problem}")
     return report
 
 
 def _compare_targets(meta: fmt.Metadata, paths: list[str], scan: SourceScan) -> list[str]:
-    """The records whose target or split differs from what the source says now (a manifest relabelled since the build)."""
-    if (scan.target_kind, scan.classes, scan.target_names) != (meta.target_kind, meta.classes, meta.target_names):
+    """The records whose target or split differs from what the source says now (a manifest relabelled since the build).
+
+    A source whose targets come with its records (masks: compared record by record) has its kind and given classes compared.
+    """
+    from_records = scan.targets_from_records and scan.target_kind == meta.target_kind and scan.classes in ([], meta.classes)
+    if not from_records and (scan.target_kind, scan.classes, scan.target_names) != (meta.target_kind, meta.classes, meta.target_names):
         return [f"the source's targets are {scan.target_kind} over {len(scan.classes) or len(scan.target_names)} classes or values "
                 f"({scan.classes or scan.target_names}), the database's {meta.target_kind} over {meta.classes or meta.target_names}"]
     stored, splits = meta.target_table().tolist(), meta.splits
@@ -186,7 +197,7 @@ def _compare_targets(meta: fmt.Metadata, paths: list[str], scan: SourceScan) -> 
             now = np.asarray(now, dtype=np.float32).tolist()
         elif isinstance(now, tuple):
             now = list(now)
-        if now != stored[index]:
+        if not from_records and now != stored[index]:
             problems.append(f"record {index} ({relpath}): target {stored[index]} in the database, {now} in the source (relabelled since)")
         split = meta.split_names[splits[index]] if splits is not None else ""
         if file.split != split:
@@ -199,6 +210,34 @@ def codec_counts(codecs: np.ndarray) -> dict[str, int]:
     ids, counts = np.unique(codecs, return_counts=True)
     pairs = sorted(((record_codec(int(i)).name, int(n)) for i, n in zip(ids, counts, strict=True)), key=lambda pair: -pair[1])
     return dict(pairs)
+
+
+def _compare_record(value: memoryview, codec: int, file: SourceFile, meta: fmt.Metadata, root: str, stored_mask: str | None) -> str | None:
+    """Why a record differs from its source file (and a segmentation record from its mask file), else ``None``."""
+    if meta.target_kind != "mask":
+        return _compare_with_source(value, codec, file.path, meta)
+    try:
+        image, mask = masks.unpack(value)
+        values = masks.decode_mask(mask)
+    except RecordError as exc:
+        return f"a damaged record ({exc})"
+    problem = _compare_with_source(image, codec, file.path, meta)
+    if problem:
+        return problem
+    prefix = root.rstrip(os.sep) + os.sep
+    now = file.mask[len(prefix):].replace(os.sep, "/") if file.mask.startswith(prefix) else file.mask
+    if stored_mask is not None and stored_mask != now:
+        return f"its mask is {stored_mask!r} in the database, {now!r} in the source (the source was changed after the build)"
+    try:
+        with open(file.mask, "rb") as handle:
+            expected = masks.read_mask(handle.read(), file.mask)
+    except OSError as exc:
+        return f"cannot read its source mask file {file.mask!r} ({exc})"
+    except ImageDecodeError as exc:
+        return f"its source mask no longer reads as a mask ({exc})"
+    if expected.shape != values.shape or not np.array_equal(expected, values):
+        return f"its mask differs from the source mask file {file.mask!r} (the file was modified after the build)"
+    return None
 
 
 def _compare_with_source(value: memoryview, codec: int, file_path: str, meta: fmt.Metadata) -> str | None:

@@ -97,10 +97,11 @@ class ExperimentDataModule(LMDBDataModule):
 
     @contextlib.contextmanager
     def _timed(self, name: str) -> Iterator[None]:
-        """Record the seconds of the step in ``timings[name]``."""
+        """Add the seconds of the step to ``timings[name]`` (a step may run twice: e.g. a build before ``setup`` to learn a
+        segmentation set's classes, then Lightning's ``prepare_data``, which finds it up to date)."""
         started = time.perf_counter()
         yield
-        self.timings[name] = time.perf_counter() - started
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - started
 
     def _after_reading_all(self, files: list[Path]) -> None:
         """With ``cold_cache``: the raw backend's validation read every file, so make them cold again."""

@@ -1,4 +1,4 @@
-"""Deterministic demo image folder that exercises the traps real folders hold.
+"""Deterministic demo datasets: an image folder that exercises the traps real folders hold, and a small segmentation set.
 
 :func:`make_demo_dataset` writes an ImageFolder layout (``root/class_00/...``) of small synthetic
 images. Each class has its own stripe orientation and stripe colour, plus per-image random
@@ -13,14 +13,31 @@ are deterministic, so the same arguments give byte-identical files. Generation g
 temporary sibling directory; the completion marker (:data:`MARKER_NAME`, recording the arguments)
 is written last and the directory is then renamed into place, so an interrupted run never leaves
 something that looks complete.
+
+:func:`make_segmentation_demo` writes a segmentation set the same way (deterministic, atomic, idempotent):
+``images/seg_NNNN.{png,jpg}`` (RGB, PNG and JPEG alternating), ``masks/seg_NNNN.png`` (index PNGs, grey ``L`` and
+Pascal VOC-palette ``P`` modes) and the manifest ``train.csv`` (columns ``path,mask,split``, paths relative to it).
+Each image holds one to four filled shapes, each in one of its shape's two colours (:data:`SHAPE_COLOURS`: reds for
+circles, greens for squares, blues for triangles, so a small model learns the set in a few epochs, as it learns the
+class demo), on a noisy gradient background; its mask holds each shape's id (:data:`SHAPES`: circle 1, square 2, triangle 3) on its
+pixels, background 0, and around half of the shapes a 2-pixel :data:`IGNORE_INDEX` (255) band on their outline (one pixel
+inside, one outside), as Pascal VOC marks object borders. Shapes never overlap or touch: the image is cut into a 2 x 2
+grid and a shape (with its band) stays inside its cell. Train it with::
+
+    python -m lightning_lmdb.experiment.demo --segmentation data/demo_segmentation     # prints .../train.csv
+    python train.py data=lmdb data.train_dir=data/demo_segmentation/train.csv
+    python train.py -m data=raw,lmdb data.train_dir=data/demo_segmentation/train.csv  # its A/B
 """
 
 from __future__ import annotations
 
+import argparse
 import colorsys
+import csv
 import json
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +55,24 @@ _VARIANTS: tuple[tuple[str, str], ...] = (
     ("RGB", ".png"),
 )
 _NON_ASCII = ("café", "猫", "ñandú", "Ünïcødé")
+
+SEGMENTATION_VERSION = 1
+#: The manifest of the segmentation demo, in its root (pass its path as ``data.train_dir``).
+SEGMENTATION_MANIFEST = "train.csv"
+#: The segmentation demo's shapes; a shape's mask value is its position here plus one (background is 0).
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
+#: The mask value of the segmentation demo's unlabelled outline bands.
+IGNORE_INDEX = 255
+#: The colours the segmentation demo fills each shape of :data:`SHAPES` with (one of two per shape), before the noise.
+SHAPE_COLOURS: tuple[tuple[tuple[int, int, int], ...], ...] = (
+    ((230, 60, 50), (240, 150, 60)),   # circle: red, orange
+    ((60, 200, 80), (50, 190, 170)),   # square: green, teal
+    ((60, 110, 235), (170, 80, 220)),  # triangle: blue, purple
+)
+#: The segmentation demo's shapes are at least this many pixels across.
+_MIN_SHAPE = 8
+#: Standard deviation of the segmentation demo's pixel noise.
+_SEG_NOISE = 10.0
 
 
 def make_demo_dataset(root: str | os.PathLike[str], *, num_classes: int = 10,
@@ -64,6 +99,34 @@ def make_demo_dataset(root: str | os.PathLike[str], *, num_classes: int = 10,
     root = Path(root)
     params = {"version": DEMO_VERSION, "num_classes": num_classes,
               "images_per_class": images_per_class, "seed": seed}
+    return _write_once(root, params, lambda out: _generate(out, num_classes, images_per_class, seed))
+
+
+def make_segmentation_demo(root: str | os.PathLike[str], *, count: int = 200, size: int = 64, seed: int = 0) -> Path:
+    """Write the segmentation demo at ``root`` unless complete; return its manifest's path (see the module docstring).
+
+    Args:
+        root: Dataset directory; must not exist, be empty, or hold a complete segmentation demo made with the same arguments.
+        count: Image and mask pairs (every fifth, ``seg_0004``, ``seg_0009``, ..., is in the ``val`` split, the rest ``train``).
+        size: Typical side in pixels: each image's height and width are drawn from ``size - size // 4`` to ``size + size // 4``.
+        seed: Seed of the content; the same arguments give byte-identical files.
+
+    Returns:
+        ``root / "train.csv"``: the manifest (columns ``path,mask,split``), e.g. for ``data.train_dir``.
+
+    Raises:
+        OptionError: ``count`` below 1 or ``size`` below 32.
+        FileExistsError: ``root`` holds something else, or a demo made with other arguments.
+    """
+    if count < 1 or size < 32:
+        raise OptionError(f"count={count} and size={size}: a segmentation demo needs count >= 1 and size >= 32 (pixels).")
+    root = Path(root)
+    params = {"version": SEGMENTATION_VERSION, "kind": "segmentation", "count": count, "size": size, "seed": seed}
+    return _write_once(root, params, lambda out: _generate_segmentation(out, count, size, seed)) / SEGMENTATION_MANIFEST
+
+
+def _write_once(root: Path, params: dict[str, int | str], generate: Callable[[Path], None]) -> Path:
+    """Run ``generate`` into a temporary sibling of ``root`` and rename it into place with its marker, unless complete."""
     if _is_complete(root, params):
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +135,7 @@ def make_demo_dataset(root: str | os.PathLike[str], *, num_classes: int = 10,
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _generate(tmp, num_classes, images_per_class, seed)
+        generate(tmp)
         (tmp / MARKER_NAME).write_text(json.dumps(params, indent=2) + "\n", encoding="utf-8")
         if root.is_dir() and not any(root.iterdir()):
             root.rmdir()
@@ -88,7 +151,7 @@ def make_demo_dataset(root: str | os.PathLike[str], *, num_classes: int = 10,
     return root
 
 
-def _is_complete(root: Path, params: dict[str, int]) -> bool:
+def _is_complete(root: Path, params: dict[str, int | str]) -> bool:
     """True if ``root`` holds a finished demo made with ``params``; raise if it holds other data."""
     marker = root / MARKER_NAME
     if marker.is_file():
@@ -172,3 +235,126 @@ def _save(rgb: np.ndarray, mode: str, path: Path, rng: np.random.Generator) -> N
         image.save(path, format="PNG", **extra)
     else:
         image.save(path, format="JPEG", quality=90)
+
+
+def segmentation_sample(index: int, size: int = 64, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Image ``index`` of the segmentation demo before encoding: ``H x W x 3`` RGB ``uint8``, and its ``H x W`` ``uint8`` mask.
+
+    Mask values: 0 background, a shape's id (:data:`SHAPES`), :data:`IGNORE_INDEX` on the outline band of some shapes.
+    """
+    rng = np.random.default_rng((seed, index))
+    low, high = size - size // 4, size + size // 4
+    h, w = (int(v) for v in rng.integers(low, high + 1, size=2))
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = rng.integers(0, 90, size=3).astype(np.float64)
+    slope = rng.uniform(-20.0, 20.0, size=(2, 3))
+    image = base + (yy / h)[..., None] * slope[0] + (xx / w)[..., None] * slope[1]
+    mask = np.zeros((h, w), dtype=np.uint8)
+    cells = [(top, left) for top in (0, h // 2) for left in (0, w // 2)]
+    chosen = [cell for cell in cells if rng.random() < 0.6] or [cells[int(rng.integers(len(cells)))]]
+    for top, left in chosen:
+        cell_h, cell_w = h // 2, w // 2
+        room = min(cell_h, cell_w) - 4  # 2 pixels of margin each side: the band and a gap to the next cell's shape
+        side = int(rng.integers(max(_MIN_SHAPE, room // 2), room + 1))
+        y = top + 2 + int(rng.integers(0, cell_h - 4 - side + 1))
+        x = left + 2 + int(rng.integers(0, cell_w - 4 - side + 1))
+        shape = int(rng.integers(1, len(SHAPES) + 1))
+        region = np.zeros((h, w), dtype=bool)
+        region[y:y + side, x:x + side] = _shape(SHAPES[shape - 1], side)
+        colours = SHAPE_COLOURS[shape - 1]
+        image[region] = colours[int(rng.integers(len(colours)))]
+        mask[region] = shape
+        if rng.random() < 0.5:  # Pascal VOC-like: the outline is not labelled
+            mask[_grow(region) & ~_shrink(region)] = IGNORE_INDEX
+    image += rng.normal(0.0, _SEG_NOISE, size=image.shape)
+    return np.clip(np.rint(image), 0, 255).astype(np.uint8), mask
+
+
+def _shape(name: str, side: int) -> np.ndarray:
+    """A filled ``side x side`` shape, sampled at the pixel centres: a disc, a square, or a triangle pointing up."""
+    y, x = np.mgrid[0:side, 0:side] + 0.5
+    centre = side / 2
+    if name == "circle":
+        return (x - centre) ** 2 + (y - centre) ** 2 <= centre**2
+    if name == "square":
+        return np.ones((side, side), dtype=bool)
+    return np.abs(x - centre) <= y / 2  # apex at the top centre, base along the bottom row
+
+
+def _grow(region: np.ndarray) -> np.ndarray:
+    """``region`` with every pixel next to it (8-neighbourhood) added."""
+    padded = np.pad(region, 1)
+    h, w = region.shape
+    return np.logical_or.reduce([padded[dy:dy + h, dx:dx + w] for dy in range(3) for dx in range(3)])
+
+
+def _shrink(region: np.ndarray) -> np.ndarray:
+    """``region`` without its pixels next to the outside (8-neighbourhood)."""
+    return ~_grow(~region)
+
+
+def _voc_palette() -> list[int]:
+    """Pascal VOC's colour map (index 255, the ignore value, in cream), flattened for ``Image.putpalette``."""
+    palette = []
+    for index in range(256):
+        r = g = b = 0
+        value = index
+        for bit in range(8):
+            r |= ((value >> 0) & 1) << (7 - bit)
+            g |= ((value >> 1) & 1) << (7 - bit)
+            b |= ((value >> 2) & 1) << (7 - bit)
+            value >>= 3
+        palette += [r, g, b]
+    palette[3 * 255:] = [224, 224, 192]
+    return palette
+
+
+def _generate_segmentation(out: Path, count: int, size: int, seed: int) -> None:
+    (out / "images").mkdir()
+    (out / "masks").mkdir()
+    palette = _voc_palette()
+    rows = []
+    for index in range(count):
+        rgb, values = segmentation_sample(index, size, seed)
+        stem = f"seg_{index:04d}"
+        image_name = f"images/{stem}{'.png' if index % 2 else '.jpg'}"
+        if index % 2:
+            Image.fromarray(rgb).save(out / image_name, format="PNG")
+        else:
+            Image.fromarray(rgb).save(out / image_name, format="JPEG", quality=90)
+        if index % 3 == 2:  # a palette mask: its indices are the ids, its colours only for viewing
+            mask = Image.frombytes("P", (values.shape[1], values.shape[0]), values.tobytes())
+            mask.putpalette(palette)
+        else:
+            mask = Image.fromarray(values)  # mode L
+        mask.save(out / "masks" / f"{stem}.png", format="PNG")
+        rows.append({"path": image_name, "mask": f"masks/{stem}.png", "split": "val" if index % 5 == 4 else "train"})
+    with open(out / SEGMENTATION_MANIFEST, "w", encoding="utf-8", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=["path", "mask", "split"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m lightning_lmdb.experiment.demo [--segmentation] ROOT``: write a demo dataset there, print what to train on."""
+    parser = argparse.ArgumentParser(prog="python -m lightning_lmdb.experiment.demo", description=main.__doc__)
+    parser.add_argument("root", help="the dataset directory (created; reused when complete with the same arguments)")
+    parser.add_argument("--segmentation", action="store_true", help="the segmentation demo; prints its manifest's path")
+    parser.add_argument("--count", type=int, default=200, help="segmentation: image and mask pairs (default 200)")
+    parser.add_argument("--size", type=int, default=64, help="segmentation: typical image side in pixels (default 64)")
+    parser.add_argument("--num-classes", type=int, default=10, help="class folders (default 10)")
+    parser.add_argument("--images-per-class", type=int, default=200, help="images per class folder (default 200)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        if args.segmentation:
+            made = make_segmentation_demo(args.root, count=args.count, size=args.size, seed=args.seed)
+        else:
+            made = make_demo_dataset(args.root, num_classes=args.num_classes, images_per_class=args.images_per_class, seed=args.seed)
+    except (OptionError, OSError) as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    print(made)
+
+
+if __name__ == "__main__":
+    main()

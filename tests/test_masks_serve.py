@@ -1,0 +1,424 @@
+"""Serving segmentation masks: ``(image, mask)`` samples and ``(images, masks)`` batches, transformed together.
+
+The data: images of a few flat colour regions (each pixel takes the largest of a few smooth random fields, one per
+colour of :data:`PALETTE`), each with its mask, the region ids :data:`IDS` -- one of them the ignore index, 255. So the
+mask is a function of the image's pixels: :func:`ids_of` (the nearest palette colour's id). After any transform that
+keeps image and mask aligned, that function still holds pixel for pixel away from region borders.
+
+**Border width** (:data:`BORDER` = 2 output pixels): the image's antialiased bilinear resize blends both sides of a
+region edge over about one output pixel either side when it shrinks (its triangle filter spans one output pixel each
+way), over one input pixel when it enlarges (here at most ~1.3x: the smallest crops are about the output's size); the
+mask's nearest-neighbour resize puts the edge within half an output pixel of the image's; a JPEG's ringing (a source
+pixel or two) and a reduced-size decode's DCT scaling (one decoded pixel) are shrunk by the resize. So a pixel is
+compared only when the ``(2 * BORDER + 1)``-square around it in the transformed mask is one region and lies inside the
+output: what lies just beyond the crop is not in the mask, yet torchvision's own nearest-neighbour
+(``InterpolationMode.NEAREST``, which takes the source pixel at an output pixel's top-left corner, up to half an output
+pixel from its centre) reaches it in the image. A misaligned mask (a flip or crop not applied to it, a crop in the
+wrong coordinates) fails on most interior pixels; an interpolated mask fails on the ids it invents.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from lightning_lmdb import LMDBDataModule, build_lmdb, database, decoders, masks, transforms
+from lightning_lmdb.batchdecode import DeferredImages
+from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb.errors import ImageDecodeError
+from lightning_lmdb.rawdataset import RawImageDataset
+from lightning_lmdb.sources import ManifestOptions
+from lightning_lmdb.transforms import ResizedCrop
+
+#: The regions' colours (far apart) and their mask ids: the last is the ignore index.
+PALETTE = np.array([(220, 40, 40), (40, 190, 40), (40, 40, 220), (220, 220, 40), (235, 235, 235)], dtype=np.int64)
+IDS = np.array([0, 1, 2, 3, masks.DEFAULT_IGNORE_INDEX], dtype=np.int64)
+#: Output pixels left out on each side of a region border (see the module docstring).
+BORDER = 2
+
+
+def field_regions(height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    """Region indices (into :data:`PALETTE`) of smooth random fields, one per colour: each pixel takes the largest -- blobs a
+    few tens of pixels across with curved, asymmetric borders."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    fields = np.zeros((len(PALETTE), height, width))
+    for field in fields:
+        for _ in range(3):  # low-frequency waves: 0.5 to 1.5 periods across the image
+            fy, fx = rng.uniform(-1.5, 1.5, 2) * 2 * np.pi / np.array([height, width])
+            field += np.sin(fy * y + fx * x + rng.uniform(0, 2 * np.pi))
+    return fields.argmax(0)
+
+
+def ids_of(image: torch.Tensor, ids: np.ndarray = IDS) -> torch.Tensor:
+    """The mask an image's pixels say: each pixel's nearest palette colour's id (``3 x H x W`` uint8 -> ``H x W`` int64)."""
+    pixels = image.to(torch.int64).permute(1, 2, 0)[..., None, :]  # H x W x 1 x 3
+    nearest = ((pixels - torch.from_numpy(PALETTE)) ** 2).sum(-1).argmin(-1)
+    return torch.from_numpy(ids).long()[nearest]
+
+
+def interior(mask: torch.Tensor, border: int) -> torch.Tensor:
+    """Pixels whose ``(2 * border + 1)``-square neighbourhood holds one mask value and lies inside the image."""
+    padded = torch.nn.functional.pad(mask[None, None].double(), (border,) * 4, value=-1.0)
+    high = torch.nn.functional.max_pool2d(padded, 2 * border + 1, stride=1)
+    low = -torch.nn.functional.max_pool2d(-padded, 2 * border + 1, stride=1)
+    return (high == low)[0, 0]
+
+
+def assert_aligned(image: torch.Tensor, mask: torch.Tensor, border: int = BORDER, least: float = 0.2, ids: np.ndarray = IDS) -> None:
+    """The mask is int64 ``H x W`` of the image's size, holds only ``ids``, and equals :func:`ids_of` on the interior pixels
+    (at least ``least`` of them: a check that compared nothing would pass)."""
+    assert mask.dtype == torch.int64 and mask.shape == image.shape[-2:], (mask.dtype, mask.shape, image.shape)
+    assert set(mask.unique().tolist()) <= set(ids.tolist()), f"invented ids: {sorted(set(mask.unique().tolist()) - set(ids.tolist()))}"
+    inside = interior(mask, border)
+    assert inside.float().mean() >= least, f"only {inside.float().mean():.0%} of the pixels are interior"
+    wrong = (ids_of(image, ids) != mask) & inside
+    assert not wrong.any(), f"{int(wrong.sum())} of {int(inside.sum())} interior pixels disagree"
+
+
+def make_pairs(root: Path, count: int = 6, size: tuple[int, int] = (96, 128), fmt: str = "png", seed: int = 0,
+               mask_mode: str = "L") -> Path:
+    """``count`` generated image + mask pairs under ``root`` and a manifest ``pairs.csv`` (columns path, mask); returns it.
+
+    Sizes vary (odd sides too) around ``size`` (height, width); ``mask_mode``: ``"L"`` or ``"P"`` (a palette PNG).
+    """
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "masks").mkdir(exist_ok=True)
+    rows = []
+    for i in range(count):
+        height, width = size[0] + int(rng.integers(0, 9)), size[1] + int(rng.integers(0, 9))
+        regions = field_regions(height, width, rng)
+        image = Image.fromarray(PALETTE[regions].astype(np.uint8))
+        image_name = f"images/{i}.{fmt}"
+        image.save(root / image_name, **({"quality": 95} if fmt == "jpg" else {}))
+        mask = Image.fromarray(IDS[regions].astype(np.uint8), mode="L")
+        if mask_mode == "P":
+            mask = mask.convert("P")  # its indices are the grey values
+        mask.save(root / f"masks/{i}.png")
+        rows.append((image_name, f"masks/{i}.png"))
+    manifest = root / "pairs.csv"
+    with open(manifest, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "mask"])
+        writer.writerows(rows)
+    return manifest
+
+
+@pytest.fixture
+def pairs(tmp_path: Path) -> Path:
+    return make_pairs(tmp_path / "seg")
+
+
+# --- the transforms ------------------------------------------------------------------------------------------------------
+
+
+def test_generated_pairs_hold_before_any_transform(pairs: Path) -> None:
+    """The function holds on the files themselves, every pixel (no border): the test data is what the checks assume."""
+    raw = RawImageDataset(pairs, decoder="opencv")
+    assert raw.target_kind == "mask" and raw.ignore_index == masks.DEFAULT_IGNORE_INDEX
+    for i in range(len(raw)):
+        image, mask = raw[i]
+        assert_aligned(image, mask, border=0, least=1.0)
+
+
+@pytest.mark.parametrize("decoder", ["pil", "opencv"])
+def test_train_transform_keeps_every_random_crop_and_flip_aligned(pairs: Path, decoder: str) -> None:
+    raw = RawImageDataset(pairs, decoder=decoder)
+    crop = transforms.train_transform(32)
+    flips = 0
+    for seed in range(30):
+        torch.manual_seed(seed)
+        view = raw.view(None, crop)
+        for i in range(len(view)):
+            image, mask = view[i]
+            assert image.shape == (3, 32, 32) and image.dtype == torch.uint8
+            assert_aligned(image, mask)
+        torch.manual_seed(seed)
+        flips += crop.params(100, 100)[4]
+    assert 5 < flips < 25, "the flip is drawn: about half the seeds flip"
+
+
+def test_a_flip_or_crop_left_off_the_mask_is_caught(pairs: Path) -> None:
+    """The check has teeth: the right image with the mask flipped, or cropped elsewhere, fails it."""
+    raw = RawImageDataset(pairs, decoder="opencv")
+    image, values = raw._load(0)
+    crop = ResizedCrop(32, train=True, hflip=0.0)
+    params = (10, 20, 60, 80, 0)
+    out = crop.apply(image, params)
+    mask = crop.apply_mask(torch.from_numpy(values.astype(np.int64)), params)
+    assert_aligned(out, mask)
+    with pytest.raises(AssertionError, match="interior pixels disagree"):
+        assert_aligned(out, mask.flip(-1))
+    with pytest.raises(AssertionError, match="interior pixels disagree"):
+        assert_aligned(out, crop.apply_mask(torch.from_numpy(values.astype(np.int64)), (0, 0, 60, 80, 0)))
+
+
+def test_eval_transform_keeps_masks_aligned_and_normalize_passes_the_mask_through(pairs: Path) -> None:
+    raw = RawImageDataset(pairs, decoder="pil")
+    for i in range(len(raw)):
+        image, mask = raw.view(None, transforms.eval_transform(32))[i]
+        assert image.shape == (3, 32, 32)
+        assert_aligned(image, mask)
+        mean, std = torch.tensor(transforms.IMAGENET_MEAN).view(3, 1, 1), torch.tensor(transforms.IMAGENET_STD).view(3, 1, 1)
+        floats, same = raw.view(None, transforms.eval_transform(32, normalize=True))[i]
+        assert floats.dtype == torch.float32 and type(same) is torch.Tensor and torch.equal(same, mask)
+        torch.testing.assert_close(((floats * std + mean) * 255).round().to(torch.uint8), image, atol=1, rtol=0)
+
+
+@pytest.mark.parametrize("decoder", ["pil", "opencv"])
+def test_a_users_v2_pipeline_gets_image_and_tv_tensors_mask(pairs: Path, decoder: str) -> None:
+    seen = []
+
+    def spy(image, mask):
+        seen.append(type(mask))
+        return image, mask
+
+    pipeline = v2.Compose([v2.RandomResizedCrop(32, antialias=True), v2.RandomHorizontalFlip(), spy, v2.ToImage()])
+    raw = RawImageDataset(pairs, pipeline, decoder=decoder)
+    for seed in range(10):
+        torch.manual_seed(seed)
+        for i in range(len(raw)):
+            image, mask = raw[i]
+            assert type(mask) is torch.Tensor, "the dataset serves a plain tensor"
+            assert_aligned(image.as_subclass(torch.Tensor), mask)
+    assert set(seen) == {tv_tensors.Mask}
+
+
+def test_a_transform_that_returns_no_pair_is_refused_with_the_fix(pairs: Path) -> None:
+    raw = RawImageDataset(pairs, lambda image: image, decoder="opencv")  # a transform for images alone
+    with pytest.raises(TypeError, match=r"takes and returns \(image, mask\)"):
+        raw[0]
+
+
+@pytest.fixture
+def jpeg_pairs(tmp_path: Path) -> Path:
+    """JPEG images of at least 264 x 350 pixels: with decode_size=32 they decode at 1/4 scale."""
+    return make_pairs(tmp_path / "jpeg", count=4, size=(264, 350), fmt="jpg", seed=3)
+
+
+@pytest.mark.parametrize("decoder", ["pil", "opencv"])
+@pytest.mark.parametrize("train", [True, False])
+def test_reduced_size_jpeg_decoding_keeps_the_full_size_mask_aligned(jpeg_pairs: Path, decoder: str, train: bool) -> None:
+    crop = transforms.train_transform(32) if train else transforms.eval_transform(32, resize_ratio=1.0)
+    raw = RawImageDataset(jpeg_pairs, crop, decoder=decoder, decode_size=crop.min_input_side)
+    loaded = raw._load(0)
+    reduced = decoders.reduced_from(loaded.image)
+    assert reduced is not None and reduced.factor == 4, "the image is decoded at 1/4 scale"
+    assert loaded.mask.shape == (reduced.height, reduced.width), "the mask stays at full size"
+    for seed in range(20 if train else 1):
+        torch.manual_seed(seed)
+        for i in range(len(raw)):
+            image, mask = raw[i]
+            assert image.shape == (3, 32, 32)
+            assert_aligned(image, mask)
+
+
+def test_a_users_transform_gets_a_whole_decode_of_a_mask_sets_images(jpeg_pairs: Path) -> None:
+    """Only the project's transforms know a reduced-size decode: another one gets the image whole, the size of its mask."""
+    sizes = []
+
+    def size_check(image, mask):
+        sizes.append((tuple(image.shape[-2:]), tuple(mask.shape)))
+        return image, mask
+
+    raw = RawImageDataset(jpeg_pairs, size_check, decoder="opencv", decode_size=32)
+    for i in range(len(raw)):
+        raw[i]
+    assert sizes and all(image == mask and image[0] >= 264 for image, mask in sizes)
+
+
+# --- both backends, the loaders and the DataModule -----------------------------------------------------------------------
+
+
+def test_the_database_and_the_files_serve_the_same_pairs(pairs: Path, tmp_path: Path) -> None:
+    db = build_lmdb(pairs, tmp_path / "seg.lmdb", workers=0, progress=False)
+    meta = database.load_meta(db, arrays=True)
+    served = LMDBImageDataset(db, transforms.eval_transform(32), decoder="opencv")
+    files = RawImageDataset.from_metadata(pairs.parent, meta, transforms.eval_transform(32), decoder="opencv")
+    scanned = RawImageDataset(pairs, transforms.eval_transform(32), decoder="opencv")
+    for dataset in (served, files, scanned):
+        assert dataset.target_kind == "mask" and dataset.ignore_index == 255 and dataset.classes == ["0", "1", "2", "3"]
+    assert served.targets == files.targets == scanned.targets, "each mask's classes, the ignore index left out"
+    assert all(set(t) <= {0, 1, 2, 3} for t in served.targets) and any(len(t) == 4 for t in served.targets)
+    stats = served.enable_loader_stats()
+    for i in range(len(served)):
+        image, mask = served[i]
+        assert_aligned(image, mask)
+        for other in (files, scanned):
+            same_image, same_mask = other[i]
+            assert torch.equal(image, same_image) and torch.equal(mask, same_mask)
+    assert sum(p.samples for p in stats.processes()) == len(served), "loader statistics count the pairs served"
+    blocks = LMDBImageDataset(db, transforms.eval_transform(32), decoder="opencv", readahead=False).read_blocks(True, 2)
+    assert all(torch.equal(blocks[i][1], served[i][1]) for i in range(len(served))), "block reads serve the same masks"
+
+
+def test_a_mask_file_no_longer_the_size_of_its_image_is_named(pairs: Path) -> None:
+    raw = RawImageDataset(pairs, transforms.eval_transform(32), decoder="opencv")
+    Image.new("L", (20, 10)).save(pairs.parent / "masks/2.png")
+    with pytest.raises(ImageDecodeError, match=r"images/2\.png \(mask .*masks/2\.png\): its mask is 20x10 but its image is"):
+        raw[2]
+
+
+def test_target_transform_applies_to_the_transformed_mask(pairs: Path) -> None:
+    raw = RawImageDataset(pairs, transforms.eval_transform(32), lambda mask: torch.where(mask == 255, -100, mask), decoder="opencv")
+    image, mask = raw[0]
+    plain = RawImageDataset(pairs, transforms.eval_transform(32), decoder="opencv")[0][1]
+    assert (plain == 255).any() and torch.equal(mask, torch.where(plain == 255, -100, plain))
+
+
+def test_sixteen_bit_masks_and_their_ignore_index_survive_the_transforms(tmp_path: Path) -> None:
+    """uint16 mask values (beyond a byte) and a custom ignore_index: kept through the crop, and what an evaluation crop
+    larger than its image pads the mask with."""
+    rng = np.random.default_rng(5)
+    ids = np.array([0, 300, 1000, 2000, 65535])
+    (tmp_path / "images").mkdir()
+    regions = field_regions(90, 120, rng)
+    Image.fromarray(PALETTE[regions].astype(np.uint8)).save(tmp_path / "images/a.png")
+    Image.fromarray(ids[regions].astype(np.uint16)).save(tmp_path / "images/a_mask.png")
+    (tmp_path / "list.csv").write_text("path,mask\nimages/a.png,images/a_mask.png\n")
+    options = ManifestOptions(ignore_index=65535, num_classes=2001)
+    raw = RawImageDataset(tmp_path / "list.csv", decoder="opencv", manifest=options)
+    assert raw.ignore_index == 65535 and len(raw.classes) == 2001
+    image, mask = raw[0]
+    assert mask.dtype == torch.int64 and set(mask.unique().tolist()) == set(ids.tolist())
+    torch.manual_seed(0)
+    for _ in range(10):
+        image, mask = raw.view(None, transforms.train_transform(32))[0]
+        assert_aligned(image, mask, ids=ids)
+    image, mask = raw.view(None, ResizedCrop(32, train=False, resize_ratio=0.5))[0]
+    padded = (image == 0).all(0)
+    assert padded.any() and (mask[padded] == 65535).all() and not (mask[~padded] == 65535).all()
+    normalised = v2.Compose([ResizedCrop(32, train=False, resize_ratio=0.5), v2.ToDtype(torch.float32, scale=True)])
+    floats, same = raw.view(None, normalised)[0]
+    assert floats.dtype == torch.float32 and torch.equal(same, mask), "the defaults with normalize=True pad with it too"
+
+
+def assert_batch_aligned(images: torch.Tensor, masks_: torch.Tensor, size: int) -> None:
+    assert images.dtype == torch.uint8 and images.shape[1:] == (3, size, size)
+    assert masks_.dtype == torch.int64 and masks_.shape == (len(images), size, size)
+    for image, mask in zip(images, masks_, strict=True):
+        assert_aligned(image, mask)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+def test_worker_processes_serve_aligned_batches(pairs: Path, tmp_path: Path, backend: str) -> None:
+    """``(images, masks)`` batches through two DataLoader workers (each drawing its own crops), on both backends."""
+    db = build_lmdb(pairs, tmp_path / "seg.lmdb", workers=0, progress=False)
+    if backend == "lmdb":
+        dataset = LMDBImageDataset(db, transforms.train_transform(32), decoder="auto")
+    else:
+        dataset = RawImageDataset.from_metadata(pairs.parent, database.load_meta(db, arrays=True), transforms.train_transform(32),
+                                                decoder="auto")
+    seen = 0
+    for epoch in range(3):
+        torch.manual_seed(epoch)
+        for images, masks_ in DataLoader(dataset, batch_size=4, num_workers=2, shuffle=True):
+            assert_batch_aligned(images, masks_, 32)
+            seen += (masks_ == 255).any().item()
+    assert seen, "the ignore value reaches the batches"
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+def test_datamodule_serves_segmentation(pairs: Path, tmp_path: Path, backend: str) -> None:
+    cache = tmp_path / "cache"
+    dm = LMDBDataModule(pairs, backend=backend, cache_dir=cache, image_size=32, batch_size=3, num_workers=0, build_workers=0,
+                        val_fraction=0.34)
+    assert dm.target_kind == "mask" and dm.ignore_index == 255
+    assert not cache.exists(), "the kind and the ignore index cost no build"
+    assert dm.num_classes == 4 and dm.classes == ["0", "1", "2", "3"]
+    assert cache.exists() == (backend == "lmdb"), "the LMDB backend builds to learn the classes; the raw backend reads the masks"
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.num_classes == 4 and dm.ignore_index == 255 and dm.target_kind == "mask"
+    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        for images, masks_ in loader:
+            assert_batch_aligned(images, masks_, 32)
+            floats, same = dm.finish((images, masks_))
+            assert floats.dtype == torch.float32 and same is masks_, "the finish normalises the images only"
+
+
+def test_datamodule_classes_from_the_options_cost_no_build(pairs: Path, tmp_path: Path) -> None:
+    dm = LMDBDataModule(pairs, cache_dir=tmp_path / "cache", manifest={"num_classes": 6, "ignore_index": 254}, num_workers=0)
+    assert dm.num_classes == 6 and dm.ignore_index == 254 and not (tmp_path / "cache").exists()
+
+
+def test_other_kinds_have_no_ignore_index(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / "src" / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "src" / name / "x.png")
+    dm = LMDBDataModule(tmp_path / "src", cache_dir=tmp_path / "cache", num_workers=0)
+    assert dm.target_kind == "class" and dm.ignore_index is None and RawImageDataset(tmp_path / "src").ignore_index is None
+
+
+_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])
+
+
+@pytest.mark.parametrize("decode_device", ["cpu", _CUDA])
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+def test_decode_device_keeps_masks_aligned(jpeg_pairs: Path, tmp_path: Path, backend: str, decode_device: str) -> None:
+    """The batched decode: workers draw each JPEG's crop and apply it to its mask; the batch's images, decoded and cropped
+    later (nvJPEG on the GPU), line up with those masks."""
+    dm = LMDBDataModule(jpeg_pairs, backend=backend, cache_dir=tmp_path / "cache", image_size=32, batch_size=2, num_workers=0,
+                        build_workers=0, val_fraction=0.5, decode_device=decode_device)
+    dm.prepare_data()
+    dm.setup("fit")
+    for epoch in range(8):  # 16 training crops: some flipped, all but surely
+        torch.manual_seed(epoch)
+        for loader in (dm.train_dataloader(), dm.val_dataloader()):
+            for batch in loader:
+                assert isinstance(batch[0], DeferredImages) and len(batch[0].deferred_at) == len(batch[0]), "the JPEGs are deferred"
+                images, masks_ = dm.on_before_batch_transfer(batch, 0)
+                assert images.device.type == decode_device
+                assert_batch_aligned(images.cpu(), masks_, 32)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+def test_an_images_folder_with_masks_dir_serves_pairs(pairs: Path, tmp_path: Path, backend: str) -> None:
+    """``manifest={"masks_dir": ...}`` (Hydra ``data.manifest.masks_dir``) pairs an image folder with its masks."""
+    dm = LMDBDataModule(pairs.parent / "images", backend=backend, cache_dir=tmp_path / "cache", image_size=32, batch_size=6,
+                        num_workers=0, build_workers=0, val_fraction=0, manifest={"masks_dir": str(pairs.parent / "masks")})
+    assert dm.target_kind == "mask" and dm.num_classes == 4
+    dm.prepare_data()
+    dm.setup("fit")
+    images, masks_ = next(iter(dm.train_dataloader()))
+    assert len(images) == 6
+    assert_batch_aligned(images, masks_, 32)
+
+
+class _PixelProbe(pl.LightningModule):
+    """A 1x1 convolution trained with per-pixel cross-entropy: records what each training batch is."""
+
+    def __init__(self, num_classes: int, ignore_index: int):
+        super().__init__()
+        self.head = torch.nn.Conv2d(3, num_classes, 1)
+        self.ignore_index = ignore_index
+        self.seen: list[tuple[torch.dtype, tuple[int, ...], torch.dtype, tuple[int, ...]]] = []
+
+    def training_step(self, batch, batch_idx):
+        images, masks_ = batch
+        self.seen.append((images.dtype, tuple(images.shape), masks_.dtype, tuple(masks_.shape)))
+        return torch.nn.functional.cross_entropy(self.head(images), masks_, ignore_index=self.ignore_index)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("decode_device", [None, "cpu"])
+def test_a_fit_gets_finished_images_and_int64_masks(jpeg_pairs: Path, tmp_path: Path, decode_device: str | None) -> None:
+    dm = LMDBDataModule(jpeg_pairs, cache_dir=tmp_path / "cache", image_size=32, batch_size=2, num_workers=0, build_workers=0,
+                        val_fraction=0, decode_device=decode_device)
+    model = _PixelProbe(dm.num_classes, dm.ignore_index)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(model, datamodule=dm)
+    assert model.seen == [(torch.float32, (2, 3, 32, 32), torch.int64, (2, 32, 32))] * 2
