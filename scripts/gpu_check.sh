@@ -21,7 +21,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, torchvision, torchcodec, lightning, cv2; print('torch', torch.__version__, 'torchvision', torchvision.__version__,
 'torchcodec', torchcodec.__version__, 'lightning', lightning.__version__, 'cv2', cv2.__version__)"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_batchdecode.py tests/test_callbacks.py tests/test_train.py 2>&1 | tee "$out/gpu_tests.txt"
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_batchdecode.py tests/test_callbacks.py tests/test_train.py tests/test_masks_serve.py 2>&1 | tee "$out/gpu_tests.txt"
 python3 scripts/gpu_decode_check.py 2>&1 | tee "$out/gpu_decode.txt"
 python3 train.py -m data=raw,lmdb ab.repeats=2 trainer=gpu loader=fast trainer.max_epochs=3 trainer.enable_progress_bar=false \
   data.decode_device=cuda demo.images_per_class=1000 data.image_size=128 paths.data_dir="$out/data" hydra.sweep.dir="$out/sweep"
