@@ -277,8 +277,8 @@ class SourceScan:
 
     @property
     def total_bytes(self) -> int:
-        """Sum of the file sizes."""
-        return sum(f.size for f in self.files)
+        """Sum of the file sizes (masks included)."""
+        return sum(f.size + f.mask_size for f in self.files)
 
     def fingerprint(self, stop: int | None = None) -> str:
         """A digest of relative paths, targets, sizes and mtimes of ``files[:stop]``.

@@ -148,6 +148,8 @@ def test_an_images_folder_paired_with_masks_dir(tmp_path: Path) -> None:
     assert meta.mask_paths is not None and meta.mask_paths.tolist() == [str(tmp_path / "masks" / m) for _, m in ordered]  # outside the root
     report = verify_lmdb(target, tmp_path / "images", manifest=ManifestOptions(masks_dir=str(tmp_path / "masks")))
     assert report.ok, report.problems
+    files = [tmp_path / "images" / i for i, _ in ordered] + [tmp_path / "masks" / m for _, m in ordered]
+    assert meta.source.bytes == sum(f.stat().st_size for f in files), "the source's bytes count the masks too"
 
 
 def test_num_classes_classes_and_ignore_index_options(tmp_path: Path) -> None:
