@@ -129,7 +129,7 @@ class _Writer:
         self.workers = readers.available_cores() if options.workers is None else options.workers
         self.commit_every, self.progress = options.commit_every, options.progress
         self.partial = fsops.partial_path(target)
-        self.prefix = PrefixFingerprint(scan.files, scan.identity)
+        self.prefix = PrefixFingerprint(scan.files, scan.identity, scan.root)
         self.written = self.written_bytes = self.commits = 0
         if isinstance(scan, masks.MaskScan):
             _check_mask_build(scan, options, shard)

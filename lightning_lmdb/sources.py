@@ -285,18 +285,20 @@ class SourceScan:
 
         Any file added, removed, renamed, relabelled or modified changes it.
         """
-        return PrefixFingerprint(self.files, self.identity).advance(len(self.files) if stop is None else stop)
+        return PrefixFingerprint(self.files, self.identity, self.root).advance(len(self.files) if stop is None else stop)
 
 
 class PrefixFingerprint:
     """Fingerprints of growing prefixes of a file list, computed incrementally (each file hashed once).
 
     A file's split is hashed only when it has one, and ``identity`` only when given, so a folder's
-    fingerprints are those of earlier versions (its databases stay current).
+    fingerprints are those of earlier versions (its databases stay current). A mask is hashed by its path
+    relative to ``root`` when it lies inside it (like the images: moving the whole set keeps it current).
     """
 
-    def __init__(self, files: list[SourceFile], identity: str = ""):
+    def __init__(self, files: list[SourceFile], identity: str = "", root: Path | None = None):
         self._files, self._done, self._digest = files, 0, hashlib.sha256()
+        self._root = None if root is None else f"{root}{os.sep}"
         if identity:
             self._digest.update(f"{identity}\0".encode("utf-8", "surrogatepass"))
 
@@ -304,7 +306,8 @@ class PrefixFingerprint:
         """The fingerprint of ``files[:stop]``; ``stop`` must not decrease between calls."""
         for f in self._files[self._done : stop]:
             split = f"\0{f.split}" if f.split else ""
-            mask = f"\0{f.mask}\0{f.mask_size}\0{f.mask_mtime_ns}" if f.mask else ""
+            where = f.mask[len(self._root):] if self._root and f.mask.startswith(self._root) else f.mask
+            mask = f"\0{where}\0{f.mask_size}\0{f.mask_mtime_ns}" if f.mask else ""
             self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}{split}{mask}\n".encode("utf-8", "surrogatepass"))
         self._done = max(self._done, stop)
         return self._digest.copy().hexdigest()

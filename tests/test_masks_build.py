@@ -408,3 +408,13 @@ def test_a_killed_mask_build_resumes_as_an_uninterrupted_one(tmp_path: Path, wor
     assert resumed.target_table().tolist() == again.target_table().tolist()
     assert resumed.classes == [str(k) for k in range(5001)]
     assert resumed.mask_paths is not None and again.mask_paths is not None and resumed.mask_paths.tolist() == again.mask_paths.tolist()
+
+
+def test_a_moved_segmentation_set_is_still_current(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    pairs = _pairs(root / "images", root / "masks", count=4)
+    _manifest(root, [(f"images/{i}", f"masks/{m}") for i, m in pairs])
+    target = build_lmdb(root / "list.csv", tmp_path / "out.lmdb", workers=0, progress=False)
+    moved = tmp_path / "elsewhere"
+    os.rename(root, moved)  # the whole set moves: its manifest, images and masks (modification times kept)
+    assert build(moved / "list.csv", target, workers=0, progress=False).action == "up-to-date", "masks hashed relative to the root"
