@@ -41,13 +41,35 @@ import lightning_lmdb
 from lightning_lmdb.cli import EXIT_ERROR, describe_error
 from lightning_lmdb.datamodule import default_cache_dir
 from lightning_lmdb.experiment.callbacks import PerfMonitor
-from lightning_lmdb.experiment.demo import make_demo_dataset
+from lightning_lmdb.experiment.demo import SEGMENTATION_MANIFEST, make_demo_dataset, make_segmentation_demo
 from lightning_lmdb.experiment.report import SUMMARY_NAME
 
 log = logging.getLogger("train")
 
 #: Failures of the input, the config or the disk: one line, no traceback (the project's own errors count too).
 _EXPECTED_ERRORS = (lightning_lmdb.LightningLMDBError, OSError, lmdb.Error, OmegaConfBaseException, HydraException)
+
+
+def demo_folder(cfg: DictConfig) -> Path:
+    """Where the demo of ``demo.kind`` lives: ``paths.demo_dir``, with ``_segmentation`` appended for the segmentation demo."""
+    kind = cfg.demo.get("kind", "classification")
+    return Path(f"{cfg.paths.demo_dir}_segmentation" if kind == "segmentation" else cfg.paths.demo_dir)
+
+
+def make_demo(cfg: DictConfig) -> Path:
+    """The demo dataset of ``demo.kind`` (``classification``: an ImageFolder; ``segmentation``: a manifest of image and mask
+    pairs), generated on first use; what ``data.train_dir`` is set to.
+
+    Raises:
+        OptionError: ``demo.kind`` is neither.
+    """
+    demo = cfg.demo
+    kind = demo.get("kind", "classification")
+    if kind == "segmentation":
+        return make_segmentation_demo(demo_folder(cfg), count=demo.count, size=demo.size, seed=demo.seed)
+    if kind != "classification":
+        raise lightning_lmdb.errors.OptionError(f"demo.kind={kind!r} is not 'classification' or 'segmentation'.")
+    return make_demo_dataset(demo_folder(cfg), num_classes=demo.num_classes, images_per_class=demo.images_per_class, seed=demo.seed)
 
 
 def expected_error(exc: BaseException) -> BaseException | None:
@@ -102,7 +124,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """
     pl.seed_everything(cfg.seed, workers=True)
     if cfg.data.train_dir is None:
-        demo = make_demo_dataset(cfg.paths.demo_dir, **cfg.demo)
+        demo = make_demo(cfg)
         log.info("No data.train_dir given: using the demo dataset in %s", demo)
         with open_dict(cfg):
             cfg.data.train_dir = str(demo)
@@ -143,8 +165,9 @@ def main(cfg: DictConfig) -> None:
         "TensorBoard": output_dir / "tensorboard",
         "databases": Path(cfg.data.cache_dir).expanduser().resolve() if cfg.data.get("cache_dir") else default_cache_dir(),
     }
-    if cfg.data.train_dir is None or str(Path(cfg.paths.demo_dir).resolve()) == str(Path(str(cfg.data.train_dir)).resolve()):
-        where["demo data"] = Path(cfg.paths.demo_dir).resolve()
+    demo_dir = demo_folder(cfg).resolve()
+    if cfg.data.train_dir is None or Path(str(cfg.data.train_dir)).resolve() in (demo_dir, demo_dir / SEGMENTATION_MANIFEST):
+        where["demo data"] = demo_dir
     print(f"run {summary.get('backend')}: outputs in {output_dir}\n" + "\n".join(f"  {k}: {v}" for k, v in where.items()))
 
 

@@ -233,3 +233,19 @@ def test_train_py_reports_a_corrupt_image_in_one_line(tmp_path: Path) -> None:
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert re.search(r"\ntrain\.py: error: .*broken\.jpg: corrupt or truncated image.*\n$", result.stderr), result.stderr[-3000:]
+
+
+def test_the_segmentation_demo_trains_through_compose(tmp_path: Path, train_module) -> None:
+    """``demo.kind=segmentation``: the generated image + mask set, the fully convolutional toy model, mean IoU logged."""
+    overrides = ["data=lmdb", "demo.kind=segmentation", "demo.count=12", "demo.size=32", f"paths.data_dir={tmp_path}",
+                 "+trainer.fast_dev_run=true", *[o for o in TINY if not o.startswith("demo.")]]
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    summary = train_module.run(cfg, tmp_path / "out")
+    assert summary["backend"] == "lmdb" and summary["epochs"][0]["samples"] > 0, summary
+    assert (tmp_path / "demo_segmentation" / "train.csv").is_file() and not (tmp_path / "demo").exists()
+    assert summary["meta"]["model"] == "ToyCNN"
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        bad = compose("train", overrides=["demo.kind=detection", f"paths.data_dir={tmp_path}"])
+    with pytest.raises(train_module.lightning_lmdb.errors.OptionError, match="demo.kind='detection'"):
+        train_module.run(bad, tmp_path / "out2")
