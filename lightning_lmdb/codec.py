@@ -139,15 +139,21 @@ def decode_zstd_pixels(value: bytes | memoryview) -> np.ndarray:
     return np.repeat(pixels, 3, axis=2) if channels == 1 else pixels
 
 
-def resize_pixels(pixels: np.ndarray, side: int) -> np.ndarray:
-    """Shrink ``H x W x 3`` pixels so the shorter side is ``side`` (aspect kept; returned as is when already that small)."""
-    height, width = pixels.shape[:2]
+def resized_size(width: int, height: int, side: int) -> tuple[int, int] | None:
+    """``(width, height)`` of an image shrunk so its shorter side is ``side`` (aspect kept); ``None`` when already that small."""
     short = min(height, width)
     if short <= side:
+        return None
+    return max(1, round(width * side / short)), max(1, round(height * side / short))
+
+
+def resize_pixels(pixels: np.ndarray, side: int) -> np.ndarray:
+    """Shrink ``H x W x 3`` pixels so the shorter side is ``side`` (aspect kept; returned as is when already that small)."""
+    size = resized_size(pixels.shape[1], pixels.shape[0], side)
+    if size is None:
         return pixels
     import cv2
 
-    size = (max(1, round(width * side / short)), max(1, round(height * side / short)))
     return cv2.resize(pixels, size, interpolation=cv2.INTER_AREA)
 
 

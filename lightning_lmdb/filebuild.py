@@ -420,10 +420,6 @@ class _Writer:
 
 def _check_mask_build(scan: masks.MaskScan, options: BuildOptions, shard: fmt.ShardInfo | None) -> None:
     """Refuse the build options a source with masks cannot be built with, before anything is read."""
-    if options.resize is not None:
-        raise OptionError(f"resize={options.resize}: the images of {str(scan.root)!r} have segmentation masks, and pre-resized storage "
-                          "would need their masks resized too (nearest-neighbour, never interpolated), which is not supported: "
-                          "leave resize unset (resize in the transforms: the mask follows the image there).")
     if shard is not None and scan.num_classes is None and not scan.classes:
         raise OptionError(f"A sharded build of {str(scan.root)!r}, whose targets are segmentation masks, needs num_classes= (or "
                           "classes=): each shard is built alone and cannot know the largest class id of the others. Give the number "

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from lightning_lmdb.datasource import FoundTargets
 
 __all__ = ["DEFAULT_IGNORE_INDEX", "MaskScan", "MaskTargets", "decode_mask", "encode_mask", "labels_present", "mask_labels", "mask_scan",
-           "misfit", "pack", "read_mask", "unpack"]
+           "misfit", "pack", "read_mask", "resize_mask", "unpack"]
 
 #: The mask value that marks pixels without a label (Pascal VOC's borders): kept as is, left out of the classes.
 DEFAULT_IGNORE_INDEX = 255
@@ -106,6 +106,24 @@ def read_mask(data: bytes, name: str, size: tuple[int, int] | None = None) -> np
             raise ImageDecodeError(name, f"mask values from {values.min()} to {values.max()}: class ids must be 0-65535; {_CONVERT}.")
         values = values.astype(np.uint16)
     return np.ascontiguousarray(values, dtype=_INDEX_MODES[mask.mode])
+
+
+def resize_mask(values: np.ndarray, side: int | None) -> np.ndarray:
+    """A mask shrunk as :func:`lightning_lmdb.codec.resize_pixels` shrinks its image (``resize=``), nearest-neighbour.
+
+    Each output pixel takes the value under its centre (``floor((i + 0.5) * H / h)``), the point an area resize of the
+    image centres it on: no value is invented, and the mask stays aligned with the image. As is when ``side`` is ``None``
+    or the mask is already that small.
+    """
+    from lightning_lmdb.codec import resized_size
+
+    size = None if side is None else resized_size(values.shape[1], values.shape[0], side)
+    if size is None:
+        return values
+    (width, height), (rows, cols) = size, values.shape
+    ys = ((np.arange(height) + 0.5) * rows / height).astype(np.int64)
+    xs = ((np.arange(width) + 0.5) * cols / width).astype(np.int64)
+    return np.ascontiguousarray(values[ys[:, None], xs[None, :]])
 
 
 def labels_present(values: np.ndarray, ignore_index: int | None = DEFAULT_IGNORE_INDEX) -> list[int]:

@@ -121,7 +121,7 @@ def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
     except ImageDecodeError as exc:
         return index, None, exc.reason
     try:
-        values = masks.read_mask(read_file(mask_path), mask_path, size=image.size)
+        values = masks.resize_mask(masks.read_mask(read_file(mask_path), mask_path, size=image.size), resize)
     except NotRegularFileError as exc:
         return index, None, f"its mask {mask_path!r} {exc.reason}"
     except OSError as exc:

@@ -230,7 +230,7 @@ def _compare_record(value: memoryview, codec: int, file: SourceFile, meta: fmt.M
         return f"its mask is {stored_mask!r} in the database, {now!r} in the source (the source was changed after the build)"
     try:
         with open(file.mask, "rb") as handle:
-            expected = masks.read_mask(handle.read(), file.mask)
+            expected = masks.resize_mask(masks.read_mask(handle.read(), file.mask), meta.options.get("resize"))
     except OSError as exc:
         return f"cannot read its source mask file {file.mask!r} ({exc})"
     except ImageDecodeError as exc:

@@ -267,9 +267,6 @@ def test_what_a_folder_with_images_and_masks_is(tmp_path: Path) -> None:
         scan_source(tmp_path / "data", ManifestOptions(masks_dir=str(tmp_path / "data" / "masks")))
     with pytest.raises(OptionError, match="label_column"):
         scan_source(tmp_path / "data" / "images", ManifestOptions(masks_dir=str(tmp_path / "data" / "masks"), label_column="x"))
-    with pytest.raises(OptionError, match="resize=16.*nearest-neighbour"):
-        build(tmp_path / "data" / "images", tmp_path / "out.lmdb", masks_dir=str(tmp_path / "data" / "masks"), resize=16, progress=False)
-    assert not (tmp_path / "out.lmdb").exists()
 
 
 def test_manifest_mask_column_options(tmp_path: Path) -> None:
@@ -418,3 +415,34 @@ def test_a_moved_segmentation_set_is_still_current(tmp_path: Path) -> None:
     moved = tmp_path / "elsewhere"
     os.rename(root, moved)  # the whole set moves: its manifest, images and masks (modification times kept)
     assert build(moved / "list.csv", target, workers=0, progress=False).action == "up-to-date", "masks hashed relative to the root"
+
+
+def test_pre_resized_storage_shrinks_each_mask_with_its_image_nearest(tmp_path: Path) -> None:
+    colours = np.array([[200, 30, 30], [30, 200, 30], [30, 30, 200], [220, 220, 40]], dtype=np.uint8)
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(4):
+        width, height = 96 + 8 * i, 64 + 4 * i
+        ids = np.zeros((height, width), dtype=np.uint8)  # four blocks of unequal sizes: the mask is a function of the colour
+        cut_y, cut_x = int(rng.integers(20, height - 20)), int(rng.integers(20, width - 20))
+        ids[:cut_y, cut_x:], ids[cut_y:, :cut_x], ids[cut_y:, cut_x:] = 1, 2, 3
+        Image.fromarray(colours[ids]).save(tmp_path / f"{i}.png")
+        Image.fromarray(ids, mode="L").save(tmp_path / f"{i}_mask.png")
+        rows.append((f"{i}.png", f"{i}_mask.png"))
+    manifest = _manifest(tmp_path, rows)
+    target = build_lmdb(manifest, tmp_path / "out.lmdb", resize=32, workers=0, progress=False)
+    for (image_file, mask_file), (image, mask) in zip(rows, _records(target), strict=True):
+        source = np.asarray(Image.open(tmp_path / mask_file))
+        assert min(mask.shape) == 32 and image.shape[:2] == mask.shape, "the mask is shrunk to its stored image's size"
+        assert np.array_equal(mask, masks.resize_mask(source, 32)) and set(np.unique(mask)) <= set(np.unique(source)), "no new ids"
+        interior = np.ones(mask.shape, dtype=bool)  # away from block borders (1 px: INTER_AREA blends the edge pixels)
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):
+                interior &= np.roll(np.roll(mask, dy, 0), dx, 1) == mask
+        interior[[0, -1], :] = interior[:, [0, -1]] = False
+        assert np.abs(image[interior].astype(int) - colours[mask[interior]].astype(int)).max() <= 1, image_file
+    assert verify_lmdb(target, manifest).ok
+    from lightning_lmdb.dataset import LMDBImageDataset
+
+    served_image, served_mask = LMDBImageDataset(target)[0]  # served as stored: the pair at the resized size
+    assert tuple(served_mask.shape) == served_image.size[::-1] and min(served_mask.shape) == 32
