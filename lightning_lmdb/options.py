@@ -26,7 +26,7 @@ OnStale = Literal["rebuild", "error", "ignore"]
 CHOICES: dict[str, tuple[str, ...]] = {"storage": get_args(Storage), "on_error": get_args(OnError), "on_stale": get_args(OnStale)}
 #: The options that shape a database's contents: stored in its metadata and compared by the stale check
 #: (``quality`` only with ``resize``: it changes nothing otherwise).
-CONTENT_OPTIONS = ("storage", "max_pixels", "resize", "quality")
+CONTENT_OPTIONS = ("storage", "max_pixels", "resize", "quality", "manifest")
 #: The options that give ``LMDBDataModule`` a database of its own (:meth:`BuildOptions.cache_key`; ``quality`` only with
 #: ``resize``): changing one builds another file beside the first, so switching back finds the first still built. The
 #: other content option, ``max_pixels``, rebuilds the same database in place (its stale check compares it); the rest
@@ -112,11 +112,13 @@ class BuildOptions:
     def content(self) -> dict[str, Any]:
         """The options that shape the contents (:data:`CONTENT_OPTIONS`), as stored in the metadata.
 
-        ``resize`` and ``quality`` are left out when ``resize`` is ``None``, so a database built before they
-        existed (whose options lack them) is still up to date.
+        ``resize`` and ``quality`` are left out when ``resize`` is ``None``, and ``manifest`` (the options set, as plain
+        values) when none is set, so a database built before they existed (whose options lack them) is still up to
+        date. The database records how its manifest was read: ``verify --source`` reads it the same way.
         """
         skip = ("resize", "quality") if self.resize is None else ()
-        return {name: getattr(self, name) for name in CONTENT_OPTIONS if name not in skip}
+        content = {name: getattr(self, name) for name in CONTENT_OPTIONS if name not in (*skip, "manifest")}
+        return {**content, "manifest": self.manifest.as_dict()} if not self.manifest.is_default() else content
 
     def cache_key(self) -> str:
         """The part of ``LMDBDataModule``'s database file name hash that comes from the options (:data:`CACHE_KEY_OPTIONS`).

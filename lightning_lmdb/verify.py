@@ -118,7 +118,8 @@ def verify_lmdb(
         source: The folder or manifest it was built from, to compare byte for byte (optional).
         allow_skipped: With ``source``, accept source files that the build skipped (they are still
             listed in ``report.skipped``). Without a source, skipped files never fail the check.
-        manifest: How to read ``source`` when it is a manifest (the options it was built with).
+        manifest: How to read ``source`` when it is a manifest; ``None`` (or none set): as the build read it (the options
+            its database records).
 
     Returns:
         A report; ``report.ok`` is True only when everything matches.
@@ -140,6 +141,8 @@ def verify_lmdb(
     else:
         from lightning_lmdb.sources import scan_source  # torchvision's scan: only a check against the source pays for importing torch
 
+        if manifest is None or manifest.is_default():  # read the source as the build did
+            manifest = ManifestOptions.of(meta.options.get("manifest"))
         scan = scan_source(source, manifest)
         scan_root = str(scan.root)
         files = {f.relpath: f for f in scan.files}

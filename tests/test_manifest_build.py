@@ -129,6 +129,8 @@ def test_every_kind_equals_a_hand_written_reference(tmp_path: Path, kind: str, s
     info = describe_lmdb(db)
     assert info["target_kind"] == kind and info["format_version"] == (3 if kind in ("multilabel", "regression") else 2)
     assert verify_lmdb(db, manifest, manifest=ManifestOptions(**options)).ok
+    assert verify_lmdb(db, manifest).ok, "without options, verify reads the manifest as the build did"
+    assert database.load_meta(db).options.get("manifest") == (options or None), "the database records how it was read"
 
 
 def test_regression_over_several_columns(tmp_path: Path) -> None:
