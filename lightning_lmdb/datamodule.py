@@ -23,6 +23,7 @@ from lightning_lmdb.dm_options import (
     Backend,
     DecodeDevice,
     StartMethod,
+    build_options,
     check_choices,
     check_data,
     check_folders,
@@ -249,8 +250,8 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         self.val_fraction: float = float(val_fraction)
         self.split_seed, self.backend = split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        self.build_options = BuildOptions(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
-                                          max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=manifest_given)
+        self.build_options = build_options(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
+                                           max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=manifest_given)
         self.decoder, self.decode_size, self.decode_device = decoder, decode_size, decode_device
         self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
         self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()

@@ -23,6 +23,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from lightning_lmdb import database, datasource, sources, transforms
 from lightning_lmdb.decoders import check_decoder
 from lightning_lmdb.errors import DatabaseError, OptionError, SourceError
+from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.sampler import check_shuffle
 from lightning_lmdb.sources import ManifestOptions
 
@@ -310,3 +311,26 @@ def source_splits(dataset: Any) -> dict[str, np.ndarray] | None:
     rank_zero_info(f"LMDBDataModule: the source's split column gives {len(parts['train'])} train, {len(parts['val'])} val and "
                    f"{len(parts['test'])} test samples (val_fraction does not apply).")
     return parts
+
+
+#: The DataModule's argument for each build option whose name differs.
+_DATAMODULE_NAMES = {"workers": "build_workers"}
+
+
+def build_options(**values: Any) -> BuildOptions:
+    """``BuildOptions(**values)``, a bad value's error naming the DataModule's argument and its Hydra key (``build_workers``,
+    not ``workers``).
+
+    Raises:
+        OptionError: As :class:`BuildOptions`, with the argument and ``data.<argument>``.
+    """
+    try:
+        return BuildOptions(**values)
+    except OptionError as exc:
+        text = str(exc)
+        name = text.split("=", 1)[0]
+        argument = _DATAMODULE_NAMES.get(name, name)
+        if name.isidentifier() and text.startswith(f"{name}="):
+            text = argument + text[len(name):]
+        raise OptionError(f"{text} ({hydra_key(argument)})") from None
+

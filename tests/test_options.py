@@ -17,6 +17,7 @@ from lightning_lmdb.backends import BACKEND_CLASSES
 from lightning_lmdb.cli import build_options, make_parser
 from lightning_lmdb.datamodule import database_name
 from lightning_lmdb.dm_options import BACKENDS, manifest_options
+from lightning_lmdb.errors import OptionError
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 from lightning_lmdb.options import CACHE_KEY_OPTIONS, CHOICES, BuildOptions
 from lightning_lmdb.sources import ManifestOptions
@@ -131,3 +132,10 @@ def test_shuffle_is_checked_by_one_function(tmp_path: Path, monkeypatch: pytest.
     assert sampler.ResumableSampler(list(range(4)), shuffle="blocky").shuffle == "blocky"  # type: ignore[arg-type]
     source = make_jpegs(tmp_path / "src", 2, size=8)
     assert LMDBDataModule(source, shuffle="blocky", cache_dir=tmp_path / "cache").shuffle == "blocky"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("argument", "value", "shown"), [("build_workers", -1, "build_workers=-1"), ("quality", 0, "quality=0")])
+def test_the_datamodules_bad_build_option_names_its_argument_and_hydra_key(tmp_path: Path, argument: str, value: int, shown: str) -> None:
+    folder = make_jpegs(tmp_path / "src", 2, size=8)
+    with pytest.raises(OptionError, match=rf"^{shown} .*\(Hydra: data\.{argument}=\.\.\.\)$"):
+        LMDBDataModule(folder, cache_dir=tmp_path / "cache", **{argument: value})
