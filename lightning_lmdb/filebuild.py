@@ -39,7 +39,7 @@ from lightning_lmdb.datasource import FoundTargets, split_entry
 from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, SourceError
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.sources import PrefixFingerprint, SourceFile, SourceScan
-from lightning_lmdb.targets import TargetTable
+from lightning_lmdb.targets import TargetTable, width_of
 
 log = logging.getLogger(__name__)
 
@@ -370,8 +370,7 @@ class _Writer:
         else:
             found = FoundTargets(str(scan.target_kind), scan.classes, scan.target_names, [f.target for f in kept])
             class_to_idx = scan.class_to_idx
-        width = len(found.classes) if found.kind in ("multilabel", "mask") else len(found.target_names)
-        table = TargetTable.pack(found.kind, found.targets, width)
+        table = TargetTable.pack(found.kind, found.targets, width_of(found.kind, found.classes, found.target_names))
         split_names = list(scan.split_names or [])
         meta = fmt.Metadata(
             version=fmt.FORMAT_VERSION,
@@ -401,7 +400,7 @@ class _Writer:
             label_offsets=table.offsets,
             values=table.values,
             split_names=split_names,
-            splits=np.array([split_names.index(f.split) for f in kept], dtype=np.uint8) if split_names else None,
+            splits=scan.split_indices(kept),
             **(_mask_fields(scan, kept) if isinstance(scan, masks.MaskScan) else {}),
         )
 

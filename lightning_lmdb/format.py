@@ -109,7 +109,7 @@ from lightning_lmdb.fsops import (  # noqa: F401
 )
 from lightning_lmdb.jsonfields import JsonFields
 from lightning_lmdb.pathtable import PathTable
-from lightning_lmdb.targets import LABEL_KINDS, TargetTable, read_typed
+from lightning_lmdb.targets import TargetTable, read_typed, width_of
 
 FORMAT_NAME = "lightning_lmdb"
 #: The newest format version this library reads and writes.
@@ -270,7 +270,7 @@ class Metadata:
 
     def target_table(self) -> TargetTable:
         """The targets as a dataset serves them (:class:`~lightning_lmdb.targets.TargetTable`)."""
-        width = len(self.target_names) if self.target_kind == "regression" else len(self.classes) if self.target_kind in LABEL_KINDS else 0
+        width = width_of(self.target_kind, self.classes, self.target_names)
         values = None if self.values is None else self.values.reshape(self.count, width)
         return TargetTable(self.target_kind, self.targets, width, labels=self.labels, offsets=self.label_offsets, values=values)
 

@@ -27,7 +27,7 @@ from lightning_lmdb.decoders import ImageDecodeError, decode, hwc_to_tensor
 from lightning_lmdb.decoding import check_decoding
 from lightning_lmdb.errors import BuildError, LightningLMDBError, SourceError
 from lightning_lmdb.sources import Labels, ManifestOptions, SourceScan, read_file, scan_source
-from lightning_lmdb.targets import TargetTable
+from lightning_lmdb.targets import TargetTable, width_of
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +91,16 @@ class RawImageDataset(_ImageDataset):
         self.root = str(scan.root)
         kept = [f for f in scan.files if f.relpath not in exclude] if exclude else scan.files
         kind = str(scan.target_kind)
-        width = len(scan.classes) if kind == "multilabel" else len(scan.target_names)
         if kind == "mask":  # the classes each mask holds are known once it is read: on demand (_all_targets)
             self._targets: TargetTable | None = None
             self._masks: fmt.PathTable | None = fmt.PathTable.from_strings(f.mask for f in kept)
             names_of = list(classes) if classes is not None else (scan.classes or mask_classes(scan, exclude))
         else:
-            self._targets = TargetTable.pack(kind, [f.target for f in kept], width).freeze()
+            self._targets = TargetTable.pack(kind, [f.target for f in kept], width_of(kind, scan.classes, scan.target_names)).freeze()
             self._masks, names_of = None, scan.classes
         self._paths = fmt.PathTable.from_strings(f.relpath for f in kept)
         names = list(scan.split_names or [])
-        self._splits = np.array([names.index(f.split) for f in kept], dtype=np.uint8) if names else None
+        self._splits = scan.split_indices(kept)
         super().__init__(list(names_of), {c: k for k, c in enumerate(names_of)}, len(kept), transform, target_transform, indices,
                          decoder, decode_size, (kind, list(scan.target_names), names), getattr(scan, "ignore_index", None))
 
@@ -261,8 +260,7 @@ def read_samples(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXEL
         raise BuildError(f"Every sample of {str(scan.root)!r} is bad; nothing to serve. The reasons: "
                          + "; ".join(f"[{s.path}] {s.reason}" for s in bad[:5]) + (" ..." if len(bad) > 5 else ""))
     found = datasource.RecordTargets.of(scan).finish(raws)
-    width = len(found.classes) if found.kind == "multilabel" else len(found.target_names)
-    table = TargetTable.pack(found.kind, found.targets, width).freeze()
+    table = TargetTable.pack(found.kind, found.targets, width_of(found.kind, found.classes, found.target_names)).freeze()
     return SampleReads(np.array(keys, dtype=np.int64), table, list(found.classes), list(found.target_names), bad)
 
 

@@ -275,6 +275,15 @@ class SourceScan:
         if self.split_names is None:  # kept by dataclasses.replace: a shard's range of the files has the whole scan's splits
             object.__setattr__(self, "split_names", list(dict.fromkeys(f.split for f in self.files if f.split)))
 
+    def split_indices(self, files: list[SourceFile]) -> Any:
+        """``files``' splits as ``uint8`` indices into :attr:`split_names` (a database's ``meta/splits``); ``None`` without splits."""
+        if not self.split_names:
+            return None
+        import numpy as np
+
+        index = {name: i for i, name in enumerate(self.split_names)}
+        return np.array([index[f.split] for f in files], dtype=np.uint8)
+
     @property
     def total_bytes(self) -> int:
         """Sum of the file sizes (masks included)."""

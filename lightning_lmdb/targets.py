@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 LABEL_KINDS = ("multilabel", "mask")
 
 
+def width_of(kind: str, classes: Sequence[str], target_names: Sequence[str]) -> int:
+    """The length of a served target tensor of ``kind`` (:attr:`TargetTable.width`): the classes' count for the label kinds, K
+    (the names' count) for regression, else 0."""
+    return len(classes) if kind in LABEL_KINDS else len(target_names) if kind == "regression" else 0
+
+
 @dataclass(frozen=True, eq=False)
 class TargetTable:
     """Every record's target, typed.

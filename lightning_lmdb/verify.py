@@ -146,7 +146,7 @@ def verify_lmdb(
         scan = scan_source(source, manifest)
         scan_root = str(scan.root)
         files = {f.relpath: f for f in scan.files}
-        report.problems += _compare_targets(meta, paths, scan)
+        report.problems += _compare_targets(meta, paths, scan, files)
         in_source = files.keys() | {relpath for relpath, _ in scan.special}
         stored = set(paths)
         report.skipped = [s for s in meta.skipped if s.path in in_source and s.path not in stored]
@@ -179,8 +179,9 @@ def verify_lmdb(
     return report
 
 
-def _compare_targets(meta: fmt.Metadata, paths: list[str], scan: SourceScan) -> list[str]:
-    """The records whose target or split differs from what the source says now (a manifest relabelled since the build).
+def _compare_targets(meta: fmt.Metadata, paths: list[str], scan: SourceScan, files: dict[str, SourceFile]) -> list[str]:
+    """The records whose target or split differs from what the source says now (a manifest relabelled since the build);
+    ``files``: the scan's files by relative path.
 
     A source whose targets come with its records (masks: compared record by record) has its kind and given classes compared.
     """
@@ -190,7 +191,6 @@ def _compare_targets(meta: fmt.Metadata, paths: list[str], scan: SourceScan) -> 
                 f"({scan.classes or scan.target_names}), the database's {meta.target_kind} over {meta.classes or meta.target_names}"]
     stored, splits = meta.target_table().tolist(), meta.splits
     problems = []
-    files = {f.relpath: f for f in scan.files}
     for index, relpath in enumerate(paths):
         file = files.get(relpath)
         if file is None:
