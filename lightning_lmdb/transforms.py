@@ -320,6 +320,9 @@ def _resize(image: torch.Tensor, size: list[int], scales: tuple[float, float] | 
             return interpolate(image[None], size=size, mode="bilinear", antialias=True, align_corners=False)[0]
         return F.resize_image(image, size, antialias=True)
     pixels = image if native or image.is_floating_point() else image.float()  # off the CPU, uint8 in float as torchvision does
+    for dim, (n, scale) in enumerate(zip(size, scales, strict=True), start=-2):
+        if pixels.shape[dim] == n and scale != 1:  # the kernel copies a side of the output's size, whatever its scale: one more
+            pixels = torch.cat([pixels, pixels.narrow(dim, n - 1, 1)], dim)  # pixel (given no weight: the span ends before it)
     out = torch.ops.aten._upsample_bilinear2d_aa(pixels[None], size, False, *scales)[0]
     return out if out.dtype == image.dtype else out.round_().clamp_(0, 255).to(image.dtype)
 

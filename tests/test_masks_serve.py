@@ -20,6 +20,8 @@ wrong coordinates) fails on most interior pixels; an interpolated mask fails on 
 from __future__ import annotations
 
 import csv
+import dataclasses
+from fractions import Fraction
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -30,6 +32,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
 from lightning_lmdb import LMDBDataModule, build_lmdb, database, decoders, masks, transforms
 from lightning_lmdb.batchdecode import DeferredImages
@@ -422,3 +425,204 @@ def test_a_fit_gets_finished_images_and_int64_masks(jpeg_pairs: Path, tmp_path: 
                          enable_model_summary=False)
     trainer.fit(model, datamodule=dm)
     assert model.seen == [(torch.float32, (2, 3, 32, 32), torch.int64, (2, 32, 32))] * 2
+
+
+# --- exact geometry: images and masks that encode their own coordinates ------------------------------------------------------
+#
+# The checks above compare a mask with its image's colours away from region borders: a mask one source pixel off passes them.
+# Here each image's pixel at (y, x) is red 2x, green 2y (so a resized image still says, to a quarter pixel, which source point
+# each output pixel shows) and its mask's value is y * STRIDE + x (which source pixel each mask pixel came from). The crop each
+# sample drew is recorded (:class:`RecordingCrop`), and every mask pixel must be exactly the source pixel under its output
+# pixel's centre (:func:`nearest`, computed here from the geometry alone), every image pixel near that centre.
+
+#: A coordinate mask's value at (y, x) is ``y * STRIDE + x`` (16-bit; every image narrower than STRIDE).
+STRIDE = 128
+#: Every value of a coordinate mask is a class id (none is the ignore index).
+COORDINATES = ManifestOptions(ignore_index=65535)
+
+
+def make_coordinate_pairs(root: Path, sizes: list[tuple[int, int]], fmt: str = "png") -> Path:
+    """Coordinate images (``fmt``; a JPEG at quality 100 without chroma subsampling) of ``sizes`` (height, width) and their
+    coordinate masks (16-bit PNG) under ``root``, and a manifest ``pairs.csv``; returns it."""
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "masks").mkdir(exist_ok=True)
+    rows = []
+    for i, (height, width) in enumerate(sizes):
+        assert width <= STRIDE and 2 * max(height, width) <= 256
+        y, x = np.mgrid[0:height, 0:width]
+        Image.fromarray(np.stack([2 * x, 2 * y, np.full_like(x, 128)], -1).astype(np.uint8)).save(
+            root / f"images/{i}.{fmt}", **({"quality": 100, "subsampling": 0} if fmt == "jpg" else {}))
+        Image.fromarray((y * STRIDE + x).astype(np.uint16)).save(root / f"masks/{i}.png")
+        rows.append((f"images/{i}.{fmt}", f"masks/{i}.png"))
+    manifest = root / "pairs.csv"
+    with open(manifest, "w", newline="") as handle:
+        csv.writer(handle).writerows([("path", "mask"), *rows])
+    return manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordingCrop(ResizedCrop):
+    """A :class:`ResizedCrop` that records every crop it draws (``(top, left, h, w, flip)``), in order."""
+
+    drawn: list = dataclasses.field(default_factory=list, compare=False, repr=False)
+
+    def params(self, height: int, width: int, align: int = 1) -> tuple[int, int, int, int, int]:
+        drawn = super().params(height, width, align)
+        self.drawn.append(drawn)
+        return drawn
+
+
+def nearest(start: int, length: int, out: int, resized: int, offset: int = 0) -> list[int]:
+    """The source pixel under each of ``out`` output pixels' centres: ``[start, start + length)`` resized to ``resized`` pixels,
+    output pixel ``r`` being resized pixel ``r + offset`` (a centre crop's), whose centre ``r + offset + 1/2`` lies at
+    ``start + (r + offset + 1/2) * length / resized`` in the source (pixel ``i`` spans ``[i, i + 1)``)."""
+    return [start + int((r + offset + Fraction(1, 2)) * Fraction(length, resized)) for r in range(out)]
+
+
+def centres(start: int, length: int, out: int, resized: int, offset: int = 0) -> torch.Tensor:
+    """The source point each output pixel's centre shows, in pixel-centre coordinates (pixel ``i``'s centre is ``i``): what a
+    coordinate image's bilinear resize gives there, within its outer pixels' centres (beyond them it gives the outer pixel)."""
+    points = (torch.arange(out, dtype=torch.float64) + offset + 0.5) * length / resized - 0.5 + start
+    return points.clamp(start, start + length - 1)
+
+
+def geometry(crop: ResizedCrop, params: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((resized height, resized width), (row offset, column offset))`` of ``crop`` with ``params``: the crop resized to
+    ``size x size`` for training; for evaluation torchvision's ``Resize(min_input_side)`` (the shorter side to it, the longer
+    ``int(side * long / short)``) and ``CenterCrop(size)`` (``round((n - size) / 2)`` pixels cut before)."""
+    h, w = params[2], params[3]
+    if crop.train:
+        return (crop.size, crop.size), (0, 0)
+    side = crop.min_input_side
+    resized = (side, int(side * w / h)) if h <= w else (int(side * h / w), side)
+    return resized, (round((resized[0] - crop.size) / 2), round((resized[1] - crop.size) / 2))
+
+
+def assert_exact_geometry(image: torch.Tensor, mask: torch.Tensor, crop: ResizedCrop, params: tuple[int, ...],
+                          tolerance: float = 1.0) -> None:
+    """Every mask pixel is the source pixel under its output pixel's centre (exactly), and every image pixel shows that centre
+    (within ``tolerance`` source pixels, a quarter of one on average: the resize's edges and rounding, a JPEG's error)."""
+    top, left, h, w, flip = params
+    (rh, rw), (oy, ox) = geometry(crop, params)
+    size = crop.size
+    rows, cols = torch.tensor(nearest(top, h, size, rh, oy)), torch.tensor(nearest(left, w, size, rw, ox))
+    ys, xs = centres(top, h, size, rh, oy), centres(left, w, size, rw, ox)
+    if flip:
+        cols, xs = cols.flip(0), xs.flip(0)
+    expected = rows[:, None] * STRIDE + cols[None, :]
+    assert mask.dtype == torch.int64 and mask.shape == (size, size)
+    wrong = mask != expected
+    assert not wrong.any(), (f"{int(wrong.sum())} of {size * size} mask pixels are not the source pixel under their centre "
+                             f"(crop {params}): rows {(mask // STRIDE)[:, 0].tolist()} vs {rows.tolist()}, "
+                             f"columns {(mask % STRIDE)[0].tolist()} vs {cols.tolist()}")
+    errors = torch.stack([image[1].double() / 2 - ys[:, None], image[0].double() / 2 - xs[None, :]])
+    assert image.shape == (3, size, size) and errors.abs().max() <= tolerance and errors.abs().mean() <= 0.6 * tolerance, (
+        f"the image shows other source points than its mask's (crop {params}): error up to {errors.abs().max():.2f}, "
+        f"{errors.abs().mean():.2f} on average")
+
+
+@pytest.fixture(scope="module")
+def coordinate_sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``png``: four coordinate PNG pairs around 55 x 90 pixels (crops of them both shrink and enlarge to 24 pixels); ``jpg``:
+    four coordinate JPEG pairs of at least 100 x 110 (decoded at 1/4 or 1/2 scale for a 12-pixel output). Each built too
+    (``<name>.lmdb``)."""
+    root = tmp_path_factory.mktemp("coordinates")
+    rng = np.random.default_rng(7)
+    sets = {"png": make_coordinate_pairs(root / "png", [(int(rng.integers(40, 70)), int(rng.integers(50, 128))) for _ in range(4)]),
+            "jpg": make_coordinate_pairs(root / "jpg", [(int(rng.integers(100, 116)), int(rng.integers(110, 128))) for _ in range(4)],
+                                         "jpg")}
+    for name, manifest in list(sets.items()):
+        sets[f"{name}.lmdb"] = build_lmdb(manifest, root / f"{name}.lmdb", workers=0, progress=False, manifest=COORDINATES)
+    return sets
+
+
+def coordinate_dataset(sets: dict[str, Path], name: str, backend: str, crop: ResizedCrop, **options) -> LMDBImageDataset | RawImageDataset:
+    if backend == "lmdb":
+        return LMDBImageDataset(sets[f"{name}.lmdb"], crop, **options)
+    return RawImageDataset(sets[name], crop, manifest=COORDINATES, **options)
+
+
+def test_coordinate_pairs_say_where_each_pixel_lies(coordinate_sets: dict[str, Path]) -> None:
+    for name in ("png", "jpg"):
+        for image, mask in RawImageDataset(coordinate_sets[name], decoder="opencv", manifest=COORDINATES):
+            y, x = torch.meshgrid(torch.arange(image.shape[1]), torch.arange(image.shape[2]), indexing="ij")
+            assert torch.equal(mask, y * STRIDE + x)
+            assert (image[0].double() / 2 - x).abs().max() <= (0 if name == "png" else 1) and (image[1] - 2 * y).abs().max() <= 2
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_every_mask_pixel_is_the_source_pixel_under_its_centre(coordinate_sets: dict[str, Path], backend: str, train: bool) -> None:
+    """The default transforms on whole decodes: the mask exactly, and the image torchvision's pixels of the same crop."""
+    crop = RecordingCrop(24, train=train)
+    dataset = coordinate_dataset(coordinate_sets, "png", backend, crop, decoder="opencv")
+    whole = RawImageDataset(coordinate_sets["png"], decoder="opencv", manifest=COORDINATES)
+    for seed in range(12 if train else 1):
+        torch.manual_seed(seed)
+        for i in range(len(dataset)):
+            image, mask = dataset[i]
+            params = crop.drawn[-1]
+            assert_exact_geometry(image, mask, crop, params)
+            top, left, h, w, flip = params
+            source = whole[i][0]
+            if train:
+                reference = F.resized_crop(source, top, left, h, w, [24, 24], antialias=True)
+                reference = reference.flip(-1) if flip else reference
+            else:
+                reference = F.center_crop(F.resize(source, crop.min_input_side, antialias=True), [24, 24])
+            assert torch.equal(image, reference), f"not torchvision's pixels of crop {params}"
+    flips = [p[4] for p in crop.drawn]
+    assert not train or 0 < sum(flips) < len(flips), "both flipped and unflipped crops were checked"
+    assert not train or len({p[2:4] for p in crop.drawn}) > 20 and min(p[3] for p in crop.drawn) < 24 < max(p[3] for p in crop.drawn), (
+        "crops of many sizes, enlarged and shrunk")
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_a_reduced_size_decode_keeps_the_exact_geometry(coordinate_sets: dict[str, Path], backend: str, train: bool) -> None:
+    """``decode_size``: the JPEG decoded at 1/4 (training) or 1/2 scale (evaluation), the crop drawn on the file's pixels and the
+    mask cropped at full size. The image is within a decoded pixel's blur of the mask's points (a DCT-scaled decode averages
+    ``factor x factor`` source pixels)."""
+    crop = RecordingCrop(12, train=train)
+    dataset = coordinate_dataset(coordinate_sets, "jpg", backend, crop, decoder="opencv", decode_size=crop.min_input_side)
+    factor = decoders.reduced_from(dataset._load(dataset._row(0)).image).factor
+    assert factor == (4 if train else 2)
+    for seed in range(12 if train else 1):
+        torch.manual_seed(seed)
+        for i in range(len(dataset)):
+            image, mask = dataset[i]
+            top, left = crop.drawn[-1][:2]
+            assert top % factor == 0 and left % factor == 0
+            assert_exact_geometry(image, mask, crop, crop.drawn[-1], tolerance=0.5 + factor / 2)
+    assert not train or 0 < sum(p[4] for p in crop.drawn) < len(crop.drawn)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+def test_the_batched_decode_keeps_the_exact_geometry(coordinate_sets: dict[str, Path], tmp_path: Path, backend: str) -> None:
+    """``decode_device="cpu"``: the workers crop each mask by the crop they send with the JPEG; the batch's images, decoded and
+    cropped later by those crops, show the masks' points."""
+    dm = LMDBDataModule(coordinate_sets["jpg"], backend=backend, cache_dir=tmp_path / "cache", image_size=12, batch_size=2,
+                        num_workers=0, build_workers=0, val_fraction=0.5, decode_device="cpu", manifest=COORDINATES)
+    dm.prepare_data()
+    dm.setup("fit")
+    checked = []
+    for epoch in range(6):
+        torch.manual_seed(epoch)
+        for loader, crop in ((dm.train_dataloader(), ResizedCrop(12)), (dm.val_dataloader(), ResizedCrop(12, train=False))):
+            for batch in loader:
+                deferred = batch[0]
+                assert isinstance(deferred, DeferredImages) and len(deferred.deferred_at) == len(deferred)
+                images, masks_ = dm.on_before_batch_transfer(batch, 0)
+                for at, params in zip(deferred.deferred_at.tolist(), deferred.params.tolist(), strict=True):
+                    assert_exact_geometry(images[at], masks_[at], crop, tuple(params), tolerance=1.5)
+                    checked.append((crop.train, params[4]))
+    assert {(True, 0), (True, 1), (False, 0)} <= set(checked)
+
+
+def test_a_reduced_decode_as_many_pixels_wide_as_the_output_is_not_stretched() -> None:
+    """A crop 45 source pixels wide at 1/4 scale touches 12 decoded pixels, the output's width: torch's resize copies a side of
+    the output's size whatever the scale it is given, which stretched the 11.25 decoded pixels the crop spans over 12."""
+    decoded = (8 * torch.arange(32) + 3).to(torch.uint8).expand(3, 24, 32).contiguous()  # red 2x at 1/4 scale: 2 * (4i + 1.5)
+    out = ResizedCrop(12, hflip=0.0).apply(decoded, (0, 8, 90, 45, 0), factor=4)
+    shown = out[0, 5].double() / 2
+    assert (shown - centres(8, 45, 12, 12)).abs().max() <= 0.5, shown.tolist()
