@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,3 +58,35 @@ def small_tmpfs(disk: Path, size: str) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(disk)], capture_output=True, check=False).returncode != 0:
             subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
+
+
+def honours_eviction(folder: Path) -> bool:
+    """Whether files in ``folder`` leave the page cache when evicted (``posix_fadvise(DONTNEED)``): not on tmpfs, nor on some
+    network and FUSE filesystems."""
+    from lightning_lmdb.cache import evict, resident_fraction
+
+    probe = folder / "fadvise-probe.bin"
+    probe.write_bytes(os.urandom(1 << 20))
+    try:
+        probe.read_bytes()
+        evict([probe], sync=True)
+        return resident_fraction(probe) < 0.1
+    finally:
+        probe.unlink()
+
+
+@contextlib.contextmanager
+def evictable_folder(tmp_path: Path) -> Iterator[Path]:
+    """A folder whose files the page cache gives up when evicted: ``tmp_path``, else a fresh one beside the tests (the
+    checkout's disk; removed afterwards). Neither: the calling test skips with the reason, or fails on CI (:func:`require`),
+    whose checkout is on an ordinary disk."""
+    if honours_eviction(tmp_path):
+        yield tmp_path
+        return
+    fallback = Path(tempfile.mkdtemp(prefix=".cache-test-", dir=Path(__file__).parent))
+    try:
+        require(honours_eviction(fallback), f"Neither {tmp_path} nor {fallback} honours posix_fadvise(DONTNEED) (tmpfs or a network "
+                                            "filesystem?): run the tests from a checkout on a local disk.")
+        yield fallback
+    finally:
+        shutil.rmtree(fallback, ignore_errors=True)

@@ -3,47 +3,23 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import ci
 import pytest
-from ci import require
 
 from lightning_lmdb.cache import evict, evict_tree, resident_fraction
 
 SIZE = 4 << 20  # a few MB: many pages, quick to write
 
 
-def _honours_fadvise(folder: Path) -> bool:
-    probe = folder / "fadvise-probe.bin"
-    probe.write_bytes(os.urandom(1 << 20))
-    try:
-        probe.read_bytes()
-        evict([probe], sync=True)
-        return resident_fraction(probe) < 0.1
-    finally:
-        probe.unlink()
-
-
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Iterator[Path]:
-    """A folder on a filesystem that honours POSIX_FADV_DONTNEED: tmp_path, else one beside the tests (the checkout's disk).
-
-    Neither: a skip with the reason here, a failure on CI (its checkout is on an ordinary disk, which honours it).
-    """
-    if _honours_fadvise(tmp_path):
-        yield tmp_path
-    else:
-        fallback = Path(tempfile.mkdtemp(prefix=".cache-test-", dir=Path(__file__).parent))
-        try:
-            require(_honours_fadvise(fallback),
-                    f"Neither {tmp_path} nor {fallback} honours posix_fadvise(DONTNEED) (tmpfs or a network filesystem?): "
-                    "run the tests from a checkout on a local disk.")
-            yield fallback
-        finally:
-            shutil.rmtree(fallback, ignore_errors=True)
+    """A folder on a filesystem that honours POSIX_FADV_DONTNEED (:func:`ci.evictable_folder`)."""
+    with ci.evictable_folder(tmp_path) as folder:
+        yield folder
 
 
 def test_evict_then_read_back(cache_dir: Path) -> None:
@@ -98,13 +74,22 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
     assert resident_fraction(tmp_path / "empty") == 0.0
 
 
-def test_cache_dir_fails_on_ci_where_nothing_honours_eviction(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_evictable_folder_fails_on_ci_where_nothing_honours_eviction(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CI", "true")
-    monkeypatch.setattr(f"{__name__}._honours_fadvise", lambda folder: False)
+    monkeypatch.setattr(ci, "honours_eviction", lambda folder: False)
     made: list[str] = []
     mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda **kwargs: made.append(mkdtemp(**kwargs)) or made[-1])
-    fixture = cache_dir.__wrapped__(tmp_path)  # the fixture's own function
-    with pytest.raises(pytest.fail.Exception, match="honours posix_fadvise"):
-        next(fixture)
+    with pytest.raises(pytest.fail.Exception, match="honours posix_fadvise"), ci.evictable_folder(tmp_path):
+        pass
     assert len(made) == 1 and not Path(made[0]).exists(), "its fallback folder is removed"
+
+
+def test_evictable_folder_falls_back_to_the_checkouts_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A tmpfs tmp_path (which keeps every page cached) gives way to a folder beside the tests."""
+    monkeypatch.delenv("CI", raising=False)
+    honours = ci.honours_eviction
+    monkeypatch.setattr(ci, "honours_eviction", lambda folder: folder != tmp_path and honours(folder))
+    with ci.evictable_folder(tmp_path) as folder:
+        assert folder.parent == Path(ci.__file__).parent and folder.is_dir()
+    assert not folder.exists()

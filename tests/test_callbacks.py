@@ -223,6 +223,7 @@ def test_data_wait_includes_the_batch_transfer_hooks(tmp_path):
     monitor = PerfMonitor(None, verbose=False)
     _trainer(tmp_path, monitor, limit_val_batches=0).fit(SlowTransferModule())
     batches = TRAIN_ITEMS // BATCH
+    assert len(monitor.history) == 2, monitor.history
     for rec in monitor.history:
         assert rec["batches"] == batches
         assert rec["batch_transfer_s"] >= batches * TRANSFER_SLEEP_S, rec

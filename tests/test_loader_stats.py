@@ -259,6 +259,7 @@ def test_workers_started_before_fit_start_are_counted(data) -> None:
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, callbacks=[monitor], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(_StepsFromTrainer(2), DataLoader(_dataset(data), batch_size=BATCH, num_workers=2, persistent_workers=True))
+    assert len(monitor.history) == 2, monitor.history
     for record in monitor.history:
         _check_measured(record, workers=2)
 
@@ -273,6 +274,7 @@ def test_datamodule_with_persistent_workers_and_validation(data, tmp_path) -> No
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(NoOpModel(2), datamodule=dm)
     assert all(dataset.loader_stats is not None for dataset in dm.datasets.values())
+    assert len(monitor.history) == 2, monitor.history
     for record in monitor.history:
         assert record["loader_samples"] == record["samples"] == IMAGES - round(IMAGES * 0.25), record
         assert record["loader_workers"] == 2 and record["worker_cpu_s"] > 0

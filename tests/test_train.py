@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ci import require
+from ci import evictable_folder, require
 from hydra import compose, initialize_config_dir
 from imagegen import make_jpegs
 
@@ -55,7 +55,9 @@ def test_fast_dev_run_through_compose(tmp_path: Path, train_module, data: str, t
     assert summary["backend"] == data and summary["epochs"], summary
     assert summary["meta"]["num_workers"] == cfg.data.num_workers == (2 if loader == "default" else 0)
     epoch = summary["epochs"][0]
-    assert epoch["samples"] > 0 and epoch["epoch_time_s"] > 0 and 0 <= epoch["data_wait_frac"] <= 1
+    training = 3 * 8 - round(0.1 * 3 * 8)  # TINY's demo: 3 classes of 8 images, val_fraction's default 0.1 held out
+    assert epoch["batches"] == 1 and epoch["samples"] == epoch["loader_samples"] == min(cfg.data.batch_size, training), epoch  # one batch
+    assert epoch["epoch_time_s"] > 0 and 0 <= epoch["data_wait_frac"] <= 1
     assert (tmp_path / "demo" / "class_00").is_dir(), "the demo dataset is generated on first use"
     assert list((tmp_path / "lmdb").glob("*.lmdb")) if data == "lmdb" else not (tmp_path / "lmdb").exists()
 
@@ -88,6 +90,12 @@ def test_multirun_ab_repeats_interleaved_and_one_comparison(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("backend", ["lmdb", "raw"])
 def test_cold_cache_evicts_before_each_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    """On a filesystem that honours eviction (a tmpfs /tmp does not: then a folder on the checkout's disk)."""
+    with evictable_folder(tmp_path) as folder:
+        _check_cold_cache(folder, monkeypatch, backend)
+
+
+def _check_cold_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     source = make_jpegs(tmp_path / "src", 12, size=64)
     dm = ExperimentDataModule(source, backend=backend, cache_dir=tmp_path / "cache", batch_size=4, num_workers=0, cold_cache=True,
                               val_fraction=0, train_transform=eval_transform(8), build_workers=0)
@@ -242,7 +250,8 @@ def test_the_segmentation_demo_trains_through_compose(tmp_path: Path, train_modu
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
     summary = train_module.run(cfg, tmp_path / "out")
-    assert summary["backend"] == "lmdb" and summary["epochs"][0]["samples"] > 0, summary
+    training = 12 - 12 // 5  # every fifth pair is in the demo's val split
+    assert summary["backend"] == "lmdb" and summary["epochs"][0]["samples"] == min(cfg.data.batch_size, training) == 10, summary
     assert (tmp_path / "demo_segmentation" / "train.csv").is_file() and not (tmp_path / "demo").exists()
     assert summary["meta"]["model"] == "ToyCNN"
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
