@@ -50,7 +50,9 @@ _MIN_MAP_SIZE = 16 << 20
 #: Test-only fault injection: ``commit:N`` (after the N-th batch commit), ``final`` (inside the final
 #: transaction, before it commits), ``rename`` (after the final commit, before the rename), ``fsync``
 #: (after the rename, before the folder's fsync). The builder SIGKILLs itself (and its process group
-#: when it leads one) at that point, so the fault suite can crash it at exact moments.
+#: when it leads one) at that point, so the fault suite can crash it at exact moments. With ``:INT``
+#: (``commit:3:INT``) it sends SIGINT instead, as Ctrl-C does, to its process group when it or its parent
+#: (a sharded build's) leads one, else to itself: a Ctrl-C test interrupts it at that point, not by a race.
 FAULT_ENV = "LIGHTNING_LMDB_TEST_KILL_AT"
 _SKIP_HINT = "build with on_error='skip' (CLI: --on-error skip, Hydra: data.on_error=skip) to leave bad files out"
 
@@ -60,7 +62,14 @@ def _fault(point: str, count: int = 0) -> None:
     if not wanted:
         return
     name, _, n = wanted.partition(":")
+    n, _, interrupt = n.partition(":")
     if name == point and (not n or int(n) == count):
+        if interrupt == "INT":
+            if os.getpgid(0) in (os.getpid(), os.getppid()):
+                os.killpg(0, signal.SIGINT)
+            else:
+                os.kill(os.getpid(), signal.SIGINT)
+            return
         if os.getpgid(0) == os.getpid():
             os.killpg(0, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
