@@ -84,12 +84,8 @@ def _read_csv(manifest: Path, text: str) -> Table:
 def _read_jsonl(manifest: Path, text: str) -> Table:
     table = Table(repr(str(manifest)), manifest.name, False)
     numbered = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
-    try:  # all lines in one parse (twice as fast); any doubt and each line is parsed alone, naming the bad one
-        rows = json.loads(f"[{','.join(line for _, line in numbered)}]")
-    except (ValueError, RecursionError):
-        rows = None
-    if rows is None or len(rows) != len(numbered) or not all(type(row) is dict for row in rows):
-        rows = [_json_object(table.path, number, line) for number, line in numbered]
+    # each line alone: parsed together, an object split over two lines could pass as rows (and a row take another line's labels)
+    rows = [_json_object(table.path, number, line) for number, line in numbered]
     columns: dict[str, None] = {}
     for row in rows:
         columns.update(dict.fromkeys(row))

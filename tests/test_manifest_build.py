@@ -189,12 +189,14 @@ def test_a_relabelled_manifest_is_stale_and_verify_names_the_record(tmp_path: Pa
 
 
 BAD_ROWS = {  # what the row holds -> (the text the error names, beside the line)
-    "missing image": ({"path": "nowhere.png", "label": "cat"}, "nowhere.png"),
+    "missing image": ({"path": "nowhere.png", "label": "cat"}, "nowhere.png: cannot read the file: no such file"),
     "unreadable image": ({"path": "corrupt.jpg", "label": "cat"}, "corrupt.jpg"),
     "empty label": ({"path": "{ok}", "label": ""}, "label"),
     "label not in classes": ({"path": "{ok}", "label": "dgo"}, "dgo"),
     "path escaping root": ({"path": "../outside.png", "label": "cat"}, "outside.png"),
     "duplicate path": ({"path": "{first}", "label": "cat"}, "line 2"),
+    "duplicate written as an absolute path": ({"path": "{root}/./{first}", "label": "dog"}, "line 2 lists it already"),
+    "NUL in the path": ({"path": "a\0b.png", "label": "cat"}, "cannot be a file name (it holds a NUL character)"),
 }
 
 
@@ -204,13 +206,13 @@ def test_a_bad_row_names_its_line_and_leaves_no_database(tmp_path: Path, case: s
     (tmp_path / "data" / "corrupt.jpg").write_bytes(b"\xff\xd8 not really a JPEG")
     rows = _rows(paths[:4], "class")
     bad, named = BAD_ROWS[case]
-    bad = {k: v.format(ok=paths[4], first=paths[0]) for k, v in bad.items()}  # paths[4]: a good image no other row lists
+    bad = {k: v.format(ok=paths[4], first=paths[0], root=tmp_path.resolve() / "data") for k, v in bad.items()}  # paths[4]: no other row's
     manifest = _write(tmp_path / "data" / "labels.csv", [*rows, bad])
     target = tmp_path / "out.lmdb"
     with pytest.raises((BuildError, SourceError)) as caught:
         build_lmdb(manifest, target, workers=0, progress=False, classes=list(NAMES))
     message = str(caught.value)
-    assert "labels.csv line 6" in message and named in message, message
+    assert "labels.csv line 6" in message and named in message and "permissions" not in message, message
     assert not target.exists(), "no finished database is left behind"
     report = build(manifest, target, workers=0, progress=False, classes=list(NAMES), on_error="skip")
     assert report.count == 4 and len(report.skipped) == 1 and "line 6" in report.skipped[0].reason
