@@ -133,6 +133,18 @@ def test_cli_build_info_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.slow
+def test_cli_info_of_a_regression_database_shows_its_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = make_jpegs(tmp_path / "src", 2, size=8)
+    manifest = source / "m.csv"
+    manifest.write_text("path,x,y\nc0/img_00000.jpg,0.5,1\nc1/img_00001.jpg,-2,3.25\n", encoding="utf-8")
+    assert main(["build", str(manifest), str(tmp_path / "r.lmdb"), "--workers", "0", "--quiet", "--label-column", "x,y"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "r.lmdb")]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert "target_kind: regression" in lines and lines[-1] == "targets: K=2: x, y"
+    assert not any(line.startswith(("num_classes", "classes")) for line in lines), "a regression target has no classes"
+
+
 def test_file_names_that_are_not_utf8(tmp_path: Path) -> None:
     source = make_jpegs(tmp_path / "src", 3, size=16)
     odd = os.fsencode(source / "c0") + b"/\xff\xfe_latin1.png"
