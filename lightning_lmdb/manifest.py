@@ -9,8 +9,9 @@ Two layouts are accepted:
   metadata file (an INFO log says so), never as an ImageFolder. A folder with both metadata files is refused: keep one.
 
 **Reading.** UTF-8 (a spreadsheet's byte-order mark is accepted). CSV and TSV: the first row is the header; rows of empty
-cells are ignored. JSON Lines: one object per line, its keys the columns (a missing key is an empty cell). Blank lines are
-ignored; messages name the file's physical lines (a CSV header is line 1).
+cells are ignored; spaces around a header name, a label or split cell, or a multi-label token are dropped (``path, label``).
+JSON Lines: one object per line, each line parsed alone, its keys the columns (a missing key is an empty cell). Blank lines
+are ignored; messages name the file's physical lines (a CSV header is line 1).
 
 **Columns** (options of :class:`~lightning_lmdb.sources.ManifestOptions`): the image column ``path_column`` (default
 ``path``, else Hugging Face's ``file_name``); the target column(s) ``label_column`` (default ``label`` when present, else
@@ -25,11 +26,13 @@ is kept (size 0): the build reports it, naming the manifest line (``SourceFile.o
 **Targets** (``target_kind``; ``None`` infers it):
 
 * ``"class"``: class names (the classes are the sorted names, as ImageFolder sorts its folders, unless ``classes=`` gives
-  them in index order) or integer indices (JSON integers; in a CSV, cells that all parse as integers, else all are
-  names -- and names when ``classes=`` lists every cell, e.g. classes ``"3"`` and ``"7"``). Indices without ``classes=``
-  give the classes ``"0"`` .. ``"N"`` (N the largest index).
+  them in index order) or integer indices (JSON integers; in a CSV, a column whose cells are all written as indices,
+  ``0|[1-9][0-9]*``, else all are names -- ``01``, ``+1``, ``1_1`` are names, so never one class with ``1`` or ``11`` -- and
+  names when ``classes=`` lists every cell, e.g. classes ``"3"`` and ``"7"``). Indices without ``classes=`` give the classes
+  ``"0"`` .. ``"N"`` (N the largest index).
 * ``"multilabel"``: a JSON list of names or indices, or a cell split by ``label_sep`` (required for a CSV; whitespace
-  around each label is dropped). An empty cell or list is no labels. The target is the sorted tuple of class indices.
+  around each label is dropped). An empty cell or list is no labels; a single JSON name or index is a list of one. The
+  target is the sorted tuple of class indices.
 * ``"regression"``: K numbers per row, from K columns (``label_column=("x", "y")``) or from one JSON column of K-number
   lists. The target is a tuple of K floats; ``target_names`` are the columns (``col[0]`` .. ``col[K-1]`` for a list
   column). Every row has the same K.
@@ -45,7 +48,8 @@ manifest with both ``label`` and ``mask`` columns needs ``target_kind`` (``"mask
 ``ignore_index``, ``num_classes`` (and ``classes``) say how the mask values are read; without a mask column they are refused.
 
 **Row errors** do not stop the scan: an empty or malformed label, a label not among ``classes=``, an index out of range,
-an empty image (or mask) cell, a path out of the root, a path listed twice (the later row), an empty split cell, a FIFO or other
+an empty image (or mask) cell, a path out of the root, a path no file name can hold (a NUL, a lone surrogate), an image listed
+twice (the later row; compared as absolute normalised paths, symbolic links not followed), an empty split cell, a FIFO or other
 non-regular file. Each goes in ``SourceScan.special`` with a reason naming the manifest and the line; the build refuses
 it, or skips and records it with ``on_error="skip"``. A problem with the whole file (not UTF-8, not JSON, no header, no
 data rows, a missing column, an unclear target kind) raises :class:`~lightning_lmdb.errors.SourceError`.

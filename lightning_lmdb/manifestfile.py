@@ -2,7 +2,8 @@
 line and its cells.
 
 UTF-8 (a spreadsheet's byte-order mark is accepted). CSV and TSV: the first row is the header; rows of empty cells are
-ignored. JSON Lines: one object per line, its keys the columns (a missing key is an empty cell). Blank lines are ignored.
+ignored. JSON Lines: one object per line, each line parsed alone (an object split over two lines is an error naming the line),
+its keys the columns (a missing key is an empty cell). Blank lines are ignored.
 A file that cannot be read as a whole (not UTF-8, not JSON, no header, a column named twice) raises
 :class:`~lightning_lmdb.errors.SourceError` naming the file and the line.
 """
