@@ -138,8 +138,12 @@ def _info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    classes = info.pop("classes")
-    shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
+    classes, names = info.pop("classes"), info.pop("target_names", [])
+    if info["target_kind"] == "regression":  # K numbers per record, no classes
+        del info["num_classes"]
+        shown, label = f"K={len(names)}: " + ", ".join(names[:10]) + (", ..." if len(names) > 10 else ""), "targets"
+    else:
+        shown, label = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else ""), "classes"
     for key, value in info.items():
         if key == "skipped":
             value = f"{len(value)}" + "".join(f"\n    {s['path']}: {s['reason']}" for s in value)
@@ -148,7 +152,7 @@ def _info(args: argparse.Namespace) -> int:
         elif key == "codecs":
             value = ", ".join(f"{name} {count:,}" for name, count in value.items())
         print(f"{key:>16}: {value}")
-    print(f"{'classes':>16}: {shown or '(unlabelled)'}")
+    print(f"{label:>16}: {shown or '(unlabelled)'}")
     return 0
 
 

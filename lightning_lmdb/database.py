@@ -45,7 +45,7 @@ import numpy as np
 from lightning_lmdb import envs
 from lightning_lmdb import format as fmt
 from lightning_lmdb.options import CONTENT_OPTIONS
-from lightning_lmdb.targets import TargetTable
+from lightning_lmdb.targets import TargetTable, named
 
 if TYPE_CHECKING:
     from lightning_lmdb.sources import SourceScan
@@ -342,7 +342,32 @@ def stale_reason(path: str | os.PathLike[str], meta: fmt.Metadata, scan: SourceS
         return f"in format version {meta.version}; this lightning_lmdb writes version {written}"
     if not _same_options(meta, options):
         return f"with other options ({meta.options} vs {options})"
-    paths = load_meta(path, arrays=True).paths
-    old = set(paths.tolist() if paths is not None else []) | {s.path for s in meta.skipped}
-    new = {f.relpath for f in scan.files}
-    return f"from a source that changed since ({len(new - old)} files added, {len(old - new)} removed, the rest modified or relabelled)"
+    full = load_meta(path, arrays=True)
+    paths = full.paths.tolist() if full.paths is not None else []
+    old, files = set(paths) | {s.path for s in meta.skipped}, {f.relpath: f for f in scan.files}
+    kind, classes = full.target_kind, full.classes
+    stored = full.target_table().tolist() if kind == scan.target_kind and kind in ("class", "multilabel", "regression") else None
+    relabelled = moved = 0
+    for index, relpath in enumerate(paths):
+        file = files.get(relpath)
+        if file is None:
+            continue
+        relabelled += stored is not None and named(kind, classes, stored[index]) != named(kind, scan.classes, file.target)
+        moved += file.split != (full.split_names[full.splits[index]] if full.splits is not None else "")
+    added, removed = len(files.keys() - old), len(old - files.keys())
+    found = [f"{added} files added", f"{removed} removed", f"{relabelled} relabelled"]
+    found += [f"{moved} moved to another split"] if moved else []
+    if kind != scan.target_kind:
+        found.append(f"its targets are {scan.target_kind}, were {kind}")
+    elif (scan.classes, scan.target_names) != (classes, full.target_names):
+        regression = kind == "regression"
+        now, was = (scan.target_names, full.target_names) if regression else (scan.classes, classes)
+        found.append(f"the {'target names' if regression else 'classes'} are now {_few(now)}, were {_few(was)}")
+    if not (added or removed or relabelled or moved) and len(found) == 3:
+        found.append("so files were modified (their size or modification time) or listed in another order")
+    return f"from a source that changed since ({', '.join(found)})"
+
+
+def _few(names: list[str], most: int = 8) -> str:
+    """``names`` as a list, the first ``most`` of a longer one."""
+    return repr(names) if len(names) <= most else f"[{', '.join(map(repr, names[:most]))}, ... ({len(names)} in all)]"

@@ -206,20 +206,22 @@ class _Writer:
                 with env.begin() as txn:
                     raw = txn.get(fmt.PROGRESS_KEY)
                 state = json.loads(bytes(raw)) if raw is not None else None
-                if (
-                    state is not None
-                    and state.get("version") == fmt.PROGRESS_VERSION
-                    and state["options"] == self.options
-                    and 0 < state["consumed"] <= len(self.scan.files)
-                    and state["prefix"] == self.scan.fingerprint(state["consumed"])
-                ):
+                if state is None or state.get("consumed") == 0:
+                    why = "it holds no progress (the build before stopped before its first commit)"
+                elif state.get("version") != fmt.PROGRESS_VERSION:
+                    why = f"it was written by another version of lightning_lmdb (progress version {state.get('version')!r})"
+                elif state["options"] != self.options:
+                    why = "it was started with other build options"
+                elif not (0 < state["consumed"] <= len(self.scan.files) and state["prefix"] == self.scan.fingerprint(state["consumed"])):
+                    why = "its source changed since it was started (files added, removed, modified or relabelled)"
+                else:
                     log.info("Resuming the build of %s after %d of %d files.", self.target, state["consumed"], len(self.scan.files))
                     return env, state["consumed"], state["skipped"]
-            except (lmdb.Error, ValueError, KeyError, TypeError):
-                pass  # unreadable: start over
+            except (lmdb.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
+                why = f"it is unreadable ({exc})"
             if env is not None:
                 env.close()
-            log.info("Discarding %s: it belongs to another source or options, or is unreadable.", self.partial)
+            log.info("Discarding %s: %s; building from the start.", self.partial, why)
             self.partial.unlink()
         return self._open_env(self._initial_map_size()), 0, []
 

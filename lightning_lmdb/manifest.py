@@ -9,8 +9,9 @@ Two layouts are accepted:
   metadata file (an INFO log says so), never as an ImageFolder. A folder with both metadata files is refused: keep one.
 
 **Reading.** UTF-8 (a spreadsheet's byte-order mark is accepted). CSV and TSV: the first row is the header; rows of empty
-cells are ignored. JSON Lines: one object per line, its keys the columns (a missing key is an empty cell). Blank lines are
-ignored; messages name the file's physical lines (a CSV header is line 1).
+cells are ignored; spaces around a header name, a label or split cell, or a multi-label token are dropped (``path, label``).
+JSON Lines: one object per line, each line parsed alone, its keys the columns (a missing key is an empty cell). Blank lines
+are ignored; messages name the file's physical lines (a CSV header is line 1).
 
 **Columns** (options of :class:`~lightning_lmdb.sources.ManifestOptions`): the image column ``path_column`` (default
 ``path``, else Hugging Face's ``file_name``); the target column(s) ``label_column`` (default ``label`` when present, else
@@ -25,11 +26,13 @@ is kept (size 0): the build reports it, naming the manifest line (``SourceFile.o
 **Targets** (``target_kind``; ``None`` infers it):
 
 * ``"class"``: class names (the classes are the sorted names, as ImageFolder sorts its folders, unless ``classes=`` gives
-  them in index order) or integer indices (JSON integers; in a CSV, cells that all parse as integers, else all are
-  names -- and names when ``classes=`` lists every cell, e.g. classes ``"3"`` and ``"7"``). Indices without ``classes=``
-  give the classes ``"0"`` .. ``"N"`` (N the largest index).
+  them in index order) or integer indices (JSON integers; in a CSV, a column whose cells are all written as indices,
+  ``0|[1-9][0-9]*``, else all are names -- ``01``, ``+1``, ``1_1`` are names, so never one class with ``1`` or ``11`` -- and
+  names when ``classes=`` lists every cell, e.g. classes ``"3"`` and ``"7"``). Indices without ``classes=`` give the classes
+  ``"0"`` .. ``"N"`` (N the largest index).
 * ``"multilabel"``: a JSON list of names or indices, or a cell split by ``label_sep`` (required for a CSV; whitespace
-  around each label is dropped). An empty cell or list is no labels. The target is the sorted tuple of class indices.
+  around each label is dropped). An empty cell or list is no labels; a single JSON name or index is a list of one. The
+  target is the sorted tuple of class indices.
 * ``"regression"``: K numbers per row, from K columns (``label_column=("x", "y")``) or from one JSON column of K-number
   lists. The target is a tuple of K floats; ``target_names`` are the columns (``col[0]`` .. ``col[K-1]`` for a list
   column). Every row has the same K.
@@ -45,7 +48,8 @@ manifest with both ``label`` and ``mask`` columns needs ``target_kind`` (``"mask
 ``ignore_index``, ``num_classes`` (and ``classes``) say how the mask values are read; without a mask column they are refused.
 
 **Row errors** do not stop the scan: an empty or malformed label, a label not among ``classes=``, an index out of range,
-an empty image (or mask) cell, a path out of the root, a path listed twice (the later row), an empty split cell, a FIFO or other
+an empty image (or mask) cell, a path out of the root, a path no file name can hold (a NUL, a lone surrogate), an image listed
+twice (the later row; compared as absolute normalised paths, symbolic links not followed), an empty split cell, a FIFO or other
 non-regular file. Each goes in ``SourceScan.special`` with a reason naming the manifest and the line; the build refuses
 it, or skips and records it with ``on_error="skip"``. A problem with the whole file (not UTF-8, not JSON, no header, no
 data rows, a missing column, an unclear target kind) raises :class:`~lightning_lmdb.errors.SourceError`.
@@ -58,6 +62,7 @@ import json
 import logging
 import math
 import os
+import re
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -81,6 +86,7 @@ _TAG_WORDS = {"name": "names", "int": "integers", "whole": "whole-number decimal
               "list": "lists", "fraclist": "lists of numbers with a fraction", "wholelist": "lists of whole-number decimals"}
 _MAX_INDEX_CLASSES = 1_000_000
 _UP = os.pardir + os.sep
+_INDEX = re.compile("0|[1-9][0-9]*")  # a class index in a CSV cell; any other cell is a name
 
 
 def accepts(source: object) -> bool:
@@ -104,18 +110,21 @@ def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
     targets = _targets(table, label_cols, options) if mask_col is None else _Targets("mask", [NO_TARGET] * len(table.rows))
     mask_cells = table.column(mask_col) if mask_col is not None else None
     splits = table.column(split_col) if split_col else None
+    if splits is not None and table.is_csv:
+        splits = [split.strip() for split in splits]
     prefix = str(root) if str(root).endswith(os.sep) else str(root) + os.sep
     name, lines, bad, errors, values = table.name, table.lines, table.bad, targets.errors, targets.values
     files: list[SourceFile] = []
     special: list[tuple[str, str]] = []
-    seen: dict[str, int] = {}
+    seen: dict[str, tuple[int, str]] = {}  # absolute path -> the line that lists it first, and its relpath
     for i, cell in enumerate(table.column(path_col)):
         line, mask_rel, mask = lines[i], "", ""
         origin = f"{name} line {line}"
         relpath, path, problem = _place(cell, prefix, path_col)
-        if problem is None:
-            first = seen.setdefault(relpath, line)
-            problem = bad.get(i) or (f"{relpath!r} is listed twice, line {first} lists it already; remove one of the rows"
+        if problem is None:  # one image written two ways (a.png, ./a.png, ROOT/a.png) is one image: compared as absolute paths
+            first, written = seen.setdefault(os.path.abspath(path), (line, relpath))
+            also = "" if written == relpath else f" (as {written!r})"
+            problem = bad.get(i) or (f"{relpath!r} is listed twice, line {first} lists it already{also}; remove one of the rows"
                                      if first != line else errors.get(i))
         split = splits[i] if splits is not None else ""
         if problem is None and splits is not None and (not isinstance(split, str) or not split):
@@ -248,6 +257,9 @@ def _stat(path: str, relpath: str) -> tuple[int, int, str | None]:
         st = os.stat(path)
     except OSError:
         return 0, 0, None
+    except ValueError:  # a NUL character, or text that is no file name (a lone surrogate: not UTF-8)
+        why = "it holds a NUL character" if "\0" in path else "it is not valid Unicode text"
+        return 0, 0, f"{relpath!r} cannot be a file name ({why}); fix the path"
     return st.st_size, st.st_mtime_ns, (None if stat.S_ISREG(st.st_mode) else f"{relpath!r} {not_regular_reason(st.st_mode)}")
 
 
@@ -259,18 +271,26 @@ def _tag(value: Any, is_csv: bool) -> str | None:
         floats = [v for v in value if isinstance(v, float)]
         return "list" if not floats else "wholelist" if all(v.is_integer() for v in floats) else "fraclist"
     if isinstance(value, str):
-        if not is_csv:
+        if not is_csv or not _numeric(value):
             return "name"
         try:
             value = int(value)
         except ValueError:
-            try:
-                value = float(value)
-            except ValueError:
-                return "name"
+            value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "other"
     return "int" if isinstance(value, int) else "whole" if value.is_integer() else "frac"
+
+
+def _numeric(cell: str) -> bool:
+    """Whether a CSV cell may be read as a number: Python's ``int`` / ``float`` of plain ASCII, no ``_`` (``1_1``, ``٣`` are names)."""
+    if not cell.isascii() or "_" in cell or cell != cell.strip():
+        return False
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
 
 
 def _firsts(values: list[Any]) -> list[int]:
@@ -301,6 +321,12 @@ def _infer(table: Table, column: str, values: list[Any], firsts: list[int]) -> s
         return "regression"
     found = ", ".join(f"{_TAG_WORDS[t]} (line {table.lines[i]}: {values[i]!r})" for t, i in sorted(first.items(), key=lambda x: x[1])
                       if t != "other")
+    single = first.get("name", first.get("int"))
+    if "list" in tags and tags <= {"list", "name", "int"} and single is not None:  # multi-label rows, some written as one label
+        raise SourceError(f"{table.path}: column {column!r} holds lists of labels and single labels: {found}. For a multi-label target "
+                          f"set target_kind='multilabel' (CLI --target-kind multilabel, Hydra data.manifest.target_kind): a single "
+                          f"label is then a list of one; or write line {table.lines[single]}'s label as a list: "
+                          f"{json.dumps([values[single]], ensure_ascii=False)}.")
     raise SourceError(f"{table.path}: cannot tell which kind of target column {column!r} holds: {found or 'no values'}. {_SET_KIND}")
 
 
@@ -324,6 +350,8 @@ def _targets(table: Table, columns: list[str], options: ManifestOptions) -> _Tar
             raise OptionError(f"classes={list(options.classes)!r} does not apply to a regression target; leave it unset.")
         return _regression(table, columns)
     values = table.column(columns[0])
+    if table.is_csv:  # "path, label": a cell's spaces are not part of its label, as a header name's are not part of the name
+        values = [value.strip() for value in values]
     firsts = _firsts(values)  # each distinct label is looked at once
     if kind is None:
         kind = "multilabel" if options.label_sep is not None else _infer(table, columns[0], values, firsts)
@@ -333,12 +361,12 @@ def _targets(table: Table, columns: list[str], options: ManifestOptions) -> _Tar
 
 
 def _tokens(value: Any, multi: bool, sep: str | None) -> list[Any] | str:
-    """The labels of one cell (names or ints, unchecked), or a row error."""
+    """The labels of one cell (names or ints, unchecked; a multi-label cell's single name or index is a list of one), or a row error."""
     if value is None or value == "":
         return [] if multi else "empty label"
     if multi and isinstance(value, str) and sep is not None:
         return [t for t in (part.strip() for part in value.split(sep)) if t]
-    items = value if multi and isinstance(value, list) else [value] if not multi and not isinstance(value, list) else None
+    items = [value] if not isinstance(value, list) else value if multi else None
     if items is None or any(isinstance(t, bool) or not isinstance(t, (str, int)) or t == "" for t in items):
         return f"malformed label {value!r}: expected {'a list of class names or indices' if multi else 'a class name or index'}"
     return items
@@ -350,11 +378,16 @@ def _categorical(table: Table, column: str, values: list[Any], firsts: list[int]
                           "labels of a cell (e.g. '|'; CLI --label-sep, Hydra data.manifest.label_sep).")
     distinct = {i: _tokens(value, multi, options.label_sep) for i, value in enumerate(values) if firsts[i] == i}
     tokens = {t for cell in distinct.values() if isinstance(cell, list) for t in cell}
-    if table.is_csv:
-        try:  # every cell an integer: class indices -- unless a given class list names them ("3", "7" are class names then)
-            number: dict[Any, int] | None = None if options.classes and tokens <= set(options.classes) else {t: int(t) for t in tokens}
-        except ValueError:
-            number = None
+    if table.is_csv:  # every cell an index (0, 7, 12; not 07, +7, 1_2): class indices -- unless a given class list names them
+        named = bool(options.classes) and tokens <= set(options.classes)
+        number: dict[Any, int] | None = ({t: int(t) for t in tokens} if not named and all(_INDEX.fullmatch(t) for t in tokens)
+                                         else None)
+        if number is None and not named and options.classes is None and tokens and all(_numeric(t) and float(t).is_integer()
+                                                                                         for t in tokens):
+            odd = next(i for i, c in distinct.items() if isinstance(c, list) and any(not _INDEX.fullmatch(t) for t in c))
+            log.warning("%s: column %r is read as class names, not indices: line %d's %r is not written as an index (0, 1, 2, ...). "
+                        "Write the indices so, or pass classes= to give the names in index order.",
+                        table.path, column, table.lines[odd], values[odd])
     else:
         where = {kind: next((i for i, c in distinct.items() if isinstance(c, list) and any(isinstance(t, kind) for t in c)), None)
                  for kind in (str, int)}

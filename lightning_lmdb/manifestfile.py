@@ -2,7 +2,8 @@
 line and its cells.
 
 UTF-8 (a spreadsheet's byte-order mark is accepted). CSV and TSV: the first row is the header; rows of empty cells are
-ignored. JSON Lines: one object per line, its keys the columns (a missing key is an empty cell). Blank lines are ignored.
+ignored. JSON Lines: one object per line, each line parsed alone (an object split over two lines is an error naming the line),
+its keys the columns (a missing key is an empty cell). Blank lines are ignored.
 A file that cannot be read as a whole (not UTF-8, not JSON, no header, a column named twice) raises
 :class:`~lightning_lmdb.errors.SourceError` naming the file and the line.
 """
@@ -84,12 +85,8 @@ def _read_csv(manifest: Path, text: str) -> Table:
 def _read_jsonl(manifest: Path, text: str) -> Table:
     table = Table(repr(str(manifest)), manifest.name, False)
     numbered = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
-    try:  # all lines in one parse (twice as fast); any doubt and each line is parsed alone, naming the bad one
-        rows = json.loads(f"[{','.join(line for _, line in numbered)}]")
-    except (ValueError, RecursionError):
-        rows = None
-    if rows is None or len(rows) != len(numbered) or not all(type(row) is dict for row in rows):
-        rows = [_json_object(table.path, number, line) for number, line in numbered]
+    # each line alone: parsed together, an object split over two lines could pass as rows (and a row take another line's labels)
+    rows = [_json_object(table.path, number, line) for number, line in numbered]
     columns: dict[str, None] = {}
     for row in rows:
         columns.update(dict.fromkeys(row))

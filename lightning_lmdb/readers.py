@@ -16,6 +16,7 @@ then its mask (:func:`lightning_lmdb.masks.read_mask`, the image's size), packed
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import multiprocessing
 import os
@@ -97,7 +98,7 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
     except NotRegularFileError as exc:
         return index, None, exc.reason
     except OSError as exc:
-        return index, None, f"cannot read the file ({exc.strerror or exc}). Check its permissions."
+        return index, None, _unreadable(exc, path, "the file")
     if len(task) > 6:
         return _read_pair(task, data)
     try:
@@ -108,6 +109,15 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
     except ImageDecodeError as exc:
         return index, None, exc.reason
     return index, value, fmt.progress_entry(value, codec)
+
+
+def _unreadable(exc: OSError, path: str, what: str) -> str:
+    """Why ``what`` (the file at ``path``) cannot be read: missing, not permitted (then: check its permissions), or the OS error."""
+    if exc.errno == errno.ENOENT:
+        broken = " (a symbolic link to a missing file)" if os.path.islink(path) else ""
+        return f"cannot read {what}: no such file{broken}"
+    hint = " Check its permissions." if exc.errno in (errno.EACCES, errno.EPERM) else ""
+    return f"cannot read {what} ({exc.strerror or exc}).{hint}"
 
 
 def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
@@ -125,7 +135,7 @@ def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
     except NotRegularFileError as exc:
         return index, None, f"its mask {mask_path!r} {exc.reason}"
     except OSError as exc:
-        return index, None, f"cannot read its mask {mask_path!r} ({exc.strerror or exc}). Check that it exists and its permissions."
+        return index, None, _unreadable(exc, mask_path, f"its mask {mask_path!r}")
     except ImageDecodeError as exc:
         return index, None, f"its mask {mask_path!r}: {exc.reason}"
     labels = masks.labels_present(values, ignore_index)

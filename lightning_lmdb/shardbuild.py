@@ -76,7 +76,7 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
         if options.on_stale == "error":
             raise StaleDatabaseError(f"{str(folder)!r} was built {reason}. Rebuild it with on_stale='rebuild' (CLI: --on-stale "
                                      "rebuild), or keep it as it is with on_stale='ignore'.")
-        log.info("%s was built %s; rebuilding it.", folder, reason)
+        log.warning("%s was built %s; rebuilding it.", folder, reason)
     folder.mkdir(parents=True, exist_ok=True)
     if existing is not None or options.overwrite:
         _retire_manifest(folder, count_of)

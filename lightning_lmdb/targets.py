@@ -49,6 +49,19 @@ def width_of(kind: str, classes: Sequence[str], target_names: Sequence[str]) -> 
     return len(classes) if kind in LABEL_KINDS else len(target_names) if kind == "regression" else 0
 
 
+def named(kind: str, classes: Sequence[str], target: Any) -> Any:
+    """A target of ``kind`` as a value that does not depend on the class indices, to compare a database's targets with a
+    source's (whose classes may have changed): the class name (``class``), the sorted names (``multilabel``), the numbers as
+    stored, ``float32`` (``regression``); ``None`` for the other kinds (no target, or a mask: compared with its file)."""
+    if kind == "class":
+        return classes[target] if 0 <= target < len(classes) else target
+    if kind == "multilabel":
+        return sorted(classes[k] if 0 <= k < len(classes) else str(k) for k in target)
+    if kind == "regression":
+        return np.asarray(target, dtype=np.float32).tolist()
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class TargetTable:
     """Every record's target, typed.

@@ -18,6 +18,7 @@ from lightning_lmdb import database, envs, masks
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record, record_codec
 from lightning_lmdb.sources import ManifestOptions, SourceFile, SourceScan
+from lightning_lmdb.targets import named
 
 
 @dataclass
@@ -185,23 +186,25 @@ def _compare_targets(meta: fmt.Metadata, paths: list[str], scan: SourceScan, fil
 
     A source whose targets come with its records (masks: compared record by record) has its kind and given classes compared.
     """
-    from_records = scan.targets_from_records and scan.target_kind == meta.target_kind and scan.classes in ([], meta.classes)
-    if not from_records and (scan.target_kind, scan.classes, scan.target_names) != (meta.target_kind, meta.classes, meta.target_names):
+    kind, from_records = meta.target_kind, scan.targets_from_records and scan.target_kind == meta.target_kind
+    if from_records:
+        comparable = scan.classes in ([], meta.classes)
+    else:  # targets as names: a class added or removed leaves the others comparable
+        comparable = (scan.target_kind, scan.target_names) == (kind, meta.target_names)
+    if not comparable:
         return [f"the source's targets are {scan.target_kind} over {len(scan.classes) or len(scan.target_names)} classes or values "
-                f"({scan.classes or scan.target_names}), the database's {meta.target_kind} over {meta.classes or meta.target_names}"]
-    stored, splits = meta.target_table().tolist(), meta.splits
+                f"({scan.classes or scan.target_names}), the database's {kind} over {meta.classes or meta.target_names}"]
     problems = []
+    if not from_records and scan.classes != meta.classes:  # records named below when their class names differ too
+        problems.append(f"the source's classes are {scan.classes}, the database's {meta.classes}: the class indices differ")
+    stored, splits = meta.target_table().tolist(), meta.splits
     for index, relpath in enumerate(paths):
         file = files.get(relpath)
         if file is None:
             continue
-        now: Any = file.target
-        if meta.target_kind == "regression":  # stored as float32
-            now = np.asarray(now, dtype=np.float32).tolist()
-        elif isinstance(now, tuple):
-            now = list(now)
-        if not from_records and now != stored[index]:
-            problems.append(f"record {index} ({relpath}): target {stored[index]} in the database, {now} in the source (relabelled since)")
+        was, now = named(kind, meta.classes, stored[index]), named(kind, scan.classes, file.target)
+        if not from_records and was != now:
+            problems.append(f"record {index} ({relpath}): target {was!r} in the database, {now!r} in the source (relabelled since)")
         split = meta.split_names[splits[index]] if splits is not None else ""
         if file.split != split:
             problems.append(f"record {index} ({relpath}): split {split!r} in the database, {file.split!r} in the source")

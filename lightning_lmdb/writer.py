@@ -106,7 +106,7 @@ def build(
                     f"{str(target)!r} was built {reason}. Rebuild it with on_stale='rebuild' (CLI: --on-stale rebuild), "
                     "or keep it as it is with on_stale='ignore'."
                 )
-            log.info("%s was built %s; rebuilding it.", target, reason)
+            log.warning("%s was built %s; rebuilding it.", target, reason)  # a warning: seen outside Hydra too
         report = _Writer(scan, target, options).run()
     report.seconds = time.perf_counter() - started
     return report

@@ -141,6 +141,29 @@ def test_bad_files_raise_naming_the_file(tmp_path: Path) -> None:
         assert not (tmp_path / f"{Path(relpath).stem}.lmdb").exists()
 
 
+def test_a_discarded_partial_build_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    source, target = make_jpegs(tmp_path / "src", 3, size=8), tmp_path / "out.lmdb"
+    (source / "c0" / "a_text.jpg").write_text("not a JPEG")  # the first file: the build fails before its first commit
+
+    def discarded() -> str:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="lightning_lmdb.filebuild"), pytest.raises(BuildError, match="a_text.jpg"):
+            build_lmdb(source, target, workers=0, progress=False, **options)
+        return next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Discarding"))
+
+    options: dict = {}
+    with pytest.raises(BuildError):
+        build_lmdb(source, target, workers=0, progress=False)
+    assert discarded().endswith("out.lmdb.partial: it holds no progress (the build before stopped before its first commit); "
+                                "building from the start.")  # the same build again: no other source, options or damage
+    (source / "c0" / "a_text.jpg").rename(source / "c1" / "z_text.jpg")  # now the last file: 3 files are committed first
+    with pytest.raises(BuildError):
+        build_lmdb(source, target, workers=0, progress=False)
+    (source / "c1" / "z_text.jpg").rename(source / "c0" / "a_text.jpg")
+    options = {"storage": "decoded"}
+    assert discarded().endswith(": it was started with other build options; building from the start.")
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("shard_count", [None, 2])
 def test_builder_processes_end_under_a_parent_sigterm_handler_that_only_sets_a_flag(tmp_path: Path, shard_count: int | None) -> None:

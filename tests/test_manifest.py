@@ -118,6 +118,81 @@ def test_csv_numbers_listed_in_classes_are_class_names(images: Path):
     assert [f.target for f in scan(images / "m.csv").files] == [7, 3], "without a class list they are indices"
 
 
+def test_csv_class_indices_are_cells_written_as_indices(images: Path, caplog: pytest.LogCaptureFixture):
+    # Python's int() reads 1_1 as 11, +1 and 01 as 1, and Arabic-Indic digits: each would merge two labels
+    labels = ["1_1", "11", "+1", "1", "\u0663", "3", "01"]
+    paths = [f"p{i}.png" for i in range(len(labels))]
+    for i, path in enumerate(paths):
+        make_image(images / path, i % 3)
+    rows = [{"path": p, "label": label} for p, label in zip(paths, labels)]
+    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.manifest"):
+        result = scan(write_manifest(images / "m.csv", rows))
+    assert result.target_kind == "class" and result.classes == sorted(labels) and not result.special
+    assert [result.classes[f.target] for f in result.files] == labels, "every cell its own class, named as written"
+    assert "is read as class names, not indices" not in caplog.text, "1_1 and \u0663 are names: nothing to warn about"
+    rows = [{"path": "a.png", "label": "-1"}, {"path": "b.jpg", "label": "0"}, {"path": "d.jpg", "label": "2"}]
+    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.manifest"):
+        signed = scan(write_manifest(images / "s.csv", rows))
+    assert signed.classes == ["-1", "0", "2"] and [f.target for f in signed.files] == [0, 1, 2]
+    assert "'label' is read as class names, not indices: line 2's '-1'" in caplog.text
+    indices = scan(write_manifest(images / "i.csv", [{"path": "a.png", "label": "10"}, {"path": "b.jpg", "label": "0"}]))
+    assert indices.classes == [str(k) for k in range(11)] and [f.target for f in indices.files] == [10, 0]
+    multi = scan(write_manifest(images / "l.csv", [{"path": "a.png", "label": "1|01"}, {"path": "b.jpg", "label": "1_0"}]), label_sep="|")
+    assert multi.classes == ["01", "1", "1_0"] and [f.target for f in multi.files] == [(0, 1), (2,)]
+
+
+def test_csv_class_and_split_cells_are_stripped(images: Path):
+    path = images / "m.csv"  # written by hand with a space after each comma
+    path.write_text("path, label, split\na.png, cat, train\nb.jpg,cat,val\nd.jpg, dog ,val\n", encoding="utf-8")
+    result = scan(path)
+    assert result.classes == ["cat", "dog"] and [f.target for f in result.files] == [0, 0, 1]
+    assert result.split_names == ["train", "val"] and [f.split for f in result.files] == ["train", "val", "val"]
+    path.write_text("path, label\na.png, 3\nb.jpg,3\n", encoding="utf-8")
+    assert [f.target for f in scan(path).files] == [3, 3]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_one_image_written_two_ways_is_listed_twice(images: Path, fmt: str):
+    root = images.resolve()
+    rows = [{"path": "a.png", "label": "cat"}, {"path": f"{root}/a.png", "label": "dog"}, {"path": f"{root}/./sub/c.png", "label": "dog"},
+            {"path": "sub/c.png", "label": "cat"}, {"path": "sub//../b.jpg", "label": "cat"}, {"path": f"{root}/b.jpg", "label": "dog"}]
+    result = scan(write_manifest(images / f"m.{fmt}", rows))
+    assert [f.relpath for f in result.files] == ["a.png", f"{root}/./sub/c.png", "b.jpg"]
+    got = reasons(result)
+    assert sorted(got) == sorted([f"{root}/a.png", "sub/c.png", f"{root}/b.jpg"])
+    assert f"line {line(fmt, 0)} lists it already" in got[f"{root}/a.png"]
+    assert f"line {line(fmt, 2)} lists it already (as {str(root) + '/./sub/c.png'!r})" in got["sub/c.png"]
+
+
+@pytest.mark.parametrize(("fmt", "path", "why"), [("csv", "a\0b.png", "holds a NUL character"),
+                                                  ("jsonl", "a\ud800.png", "is not valid Unicode text")])
+def test_a_path_that_cannot_be_a_file_name_is_a_row_error(images: Path, fmt: str, path: str, why: str):
+    rows = [{"path": "a.png", "label": "cat"}, {"path": path, "label": "dog"}, {"path": "b.jpg", "label": "dog"}]
+    result = scan(write_manifest(images / f"m.{fmt}", rows))
+    assert [f.relpath for f in result.files] == ["a.png", "b.jpg"]
+    assert result.special == [(path, f"m.{fmt} line {line(fmt, 1)}: {path!r} cannot be a file name (it {why}); fix the path")]
+
+
+def test_a_jsonl_object_split_over_two_lines_is_refused(images: Path):
+    path = images / "m.jsonl"  # parsed together, these two lines are two objects: the second with labels from both lines
+    path.write_text('{"path": "a.png", "label": ["cat"]}, {"path": "b.jpg", "label": ["dog"\n"bird"]}\n', encoding="utf-8")
+    with pytest.raises(SourceError, match=r"m.jsonl' line 1 is not JSON \(Extra data, column 36\): a JSON Lines manifest holds one JSON "
+                                          "object per line"):
+        scan(path)
+
+
+def test_a_single_label_in_a_multilabel_column(images: Path):
+    rows = [{"path": "a.png", "label": ["cat", "dog"]}, {"path": "b.jpg", "label": "bird"}, {"path": "d.jpg", "label": []}]
+    path = write_manifest(images / "m.jsonl", rows)
+    with pytest.raises(SourceError) as info:
+        scan(path)
+    assert ("holds lists of labels and single labels: lists (line 1: ['cat', 'dog']), names (line 2: 'bird'). For a multi-label target set "
+            "target_kind='multilabel'") in str(info.value)
+    assert "a single label is then a list of one; or write line 2's label as a list: [\"bird\"]." in str(info.value)
+    result = scan(path, target_kind="multilabel")
+    assert result.classes == ["bird", "cat", "dog"] and [f.target for f in result.files] == [(1, 2), (0,), ()] and not result.special
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_multilabel(images: Path, fmt: str):
     if fmt == "jsonl":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ from PIL import Image
 
 from lightning_lmdb import database
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
-from lightning_lmdb.errors import BuildError, SourceError
+from lightning_lmdb.errors import BuildError, SourceError, StaleDatabaseError
 from lightning_lmdb.sources import ManifestOptions
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
 from lightning_lmdb.writer import build, build_lmdb
@@ -174,27 +176,49 @@ def test_splits_come_from_the_split_column(tmp_path: Path) -> None:
     assert database.load_meta(db).version == 3 and describe_lmdb(db)["splits"] == {"train": 4, "val": 3, "test": 3}
 
 
-def test_a_relabelled_manifest_is_stale_and_verify_names_the_record(tmp_path: Path) -> None:
+def test_a_relabelled_manifest_is_stale_and_verify_names_the_record(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     paths = _images(tmp_path / "data", 6)
     rows = _rows(paths, "class")
     manifest = _write(tmp_path / "data" / "labels.csv", rows)
     db = build_lmdb(manifest, tmp_path / "out.lmdb", workers=0, progress=False)
     assert build(manifest, db, workers=0, progress=False).action == "up-to-date"
-    rows[2]["label"] = "dog" if rows[2]["label"] != "dog" else "cat"
+    was = rows[2]["label"]
+    rows[2]["label"] = "dog" if was != "dog" else "cat"
     _write(manifest, rows)
     report = verify_lmdb(db, manifest)
-    assert not report.ok and any(paths[2] in p and "relabelled" in p for p in report.problems)
-    assert build(manifest, db, workers=0, progress=False).action == "built"
+    now = rows[2]["label"]
+    assert report.problems == [f"record 2 ({paths[2]}): target {was!r} in the database, {now!r} in the source (relabelled since)"]
+    with pytest.raises(StaleDatabaseError, match=r"from a source that changed since \(0 files added, 0 removed, 1 relabelled\)\."):
+        build(manifest, db, workers=0, progress=False, on_stale="error")
+    with caplog.at_level(logging.WARNING, logger="lightning_lmdb"):  # what the DataModule's build says: a warning, seen outside Hydra
+        assert build(manifest, db, workers=0, progress=False).action == "built"
+    assert "(0 files added, 0 removed, 1 relabelled); rebuilding it." in caplog.text
     assert LMDBImageDataset(db).targets[2] == sorted(NAMES[:2] + ("ñandú",)).index(rows[2]["label"])
+    rows[4]["label"] = "aardvark"  # a new class: every index after it shifts, one record is relabelled
+    _write(manifest, rows)
+    report = verify_lmdb(db, manifest)
+    assert report.problems == [f"the source's classes are {['aardvark', *sorted(NAMES)]}, the database's {sorted(NAMES)}: the class "
+                               f"indices differ", f"record 4 ({paths[4]}): target {NAMES[4 % 3]!r} in the database, 'aardvark' in the "
+                               "source (relabelled since)"]
+    with pytest.raises(StaleDatabaseError, match=r"\(0 files added, 0 removed, 1 relabelled, the classes are now \['aardvark', 'cat', "
+                                                 r"'dog', 'ñandú'\], were \['cat', 'dog', 'ñandú'\]\)"):
+        build(manifest, db, workers=0, progress=False, on_stale="error")
+    os.utime(tmp_path / "data" / paths[0], ns=(1, 1))
+    rows[4]["label"] = NAMES[4 % 3]
+    _write(manifest, rows)
+    with pytest.raises(StaleDatabaseError, match=r"\(0 files added, 0 removed, 0 relabelled, so files were modified \(their size or "):
+        build(manifest, db, workers=0, progress=False, on_stale="error")
 
 
 BAD_ROWS = {  # what the row holds -> (the text the error names, beside the line)
-    "missing image": ({"path": "nowhere.png", "label": "cat"}, "nowhere.png"),
+    "missing image": ({"path": "nowhere.png", "label": "cat"}, "nowhere.png: cannot read the file: no such file"),
     "unreadable image": ({"path": "corrupt.jpg", "label": "cat"}, "corrupt.jpg"),
     "empty label": ({"path": "{ok}", "label": ""}, "label"),
     "label not in classes": ({"path": "{ok}", "label": "dgo"}, "dgo"),
     "path escaping root": ({"path": "../outside.png", "label": "cat"}, "outside.png"),
     "duplicate path": ({"path": "{first}", "label": "cat"}, "line 2"),
+    "duplicate written as an absolute path": ({"path": "{root}/./{first}", "label": "dog"}, "line 2 lists it already"),
+    "NUL in the path": ({"path": "a\0b.png", "label": "cat"}, "cannot be a file name (it holds a NUL character)"),
 }
 
 
@@ -204,13 +228,13 @@ def test_a_bad_row_names_its_line_and_leaves_no_database(tmp_path: Path, case: s
     (tmp_path / "data" / "corrupt.jpg").write_bytes(b"\xff\xd8 not really a JPEG")
     rows = _rows(paths[:4], "class")
     bad, named = BAD_ROWS[case]
-    bad = {k: v.format(ok=paths[4], first=paths[0]) for k, v in bad.items()}  # paths[4]: a good image no other row lists
+    bad = {k: v.format(ok=paths[4], first=paths[0], root=tmp_path.resolve() / "data") for k, v in bad.items()}  # paths[4]: no other row's
     manifest = _write(tmp_path / "data" / "labels.csv", [*rows, bad])
     target = tmp_path / "out.lmdb"
     with pytest.raises((BuildError, SourceError)) as caught:
         build_lmdb(manifest, target, workers=0, progress=False, classes=list(NAMES))
     message = str(caught.value)
-    assert "labels.csv line 6" in message and named in message, message
+    assert "labels.csv line 6" in message and named in message and "permissions" not in message, message
     assert not target.exists(), "no finished database is left behind"
     report = build(manifest, target, workers=0, progress=False, classes=list(NAMES), on_error="skip")
     assert report.count == 4 and len(report.skipped) == 1 and "line 6" in report.skipped[0].reason

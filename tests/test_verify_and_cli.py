@@ -132,6 +132,18 @@ def test_cli_build_info_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.slow
+def test_cli_info_of_a_regression_database_shows_its_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = make_jpegs(tmp_path / "src", 2, size=8)
+    manifest = source / "m.csv"
+    manifest.write_text("path,x,y\nc0/img_00000.jpg,0.5,1\nc1/img_00001.jpg,-2,3.25\n", encoding="utf-8")
+    assert main(["build", str(manifest), str(tmp_path / "r.lmdb"), "--workers", "0", "--quiet", "--label-column", "x,y"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "r.lmdb")]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert "target_kind: regression" in lines and lines[-1] == "targets: K=2: x, y"
+    assert not any(line.startswith(("num_classes", "classes")) for line in lines), "a regression target has no classes"
+
+
 def test_file_names_that_are_not_utf8(tmp_path: Path) -> None:
     source = make_jpegs(tmp_path / "src", 3, size=16)
     odd = os.fsencode(source / "c0") + b"/\xff\xfe_latin1.png"
@@ -144,6 +156,23 @@ def test_file_names_that_are_not_utf8(tmp_path: Path) -> None:
                             capture_output=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert b"(c0/\xff\xfe_latin1.png): differs from the source file" in result.stdout, "the name prints as its original bytes"
+
+
+def test_cli_build_of_a_manifest_path_that_cannot_be_a_file_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = make_jpegs(tmp_path / "src", 2, size=8)
+    manifest = source / "m.csv"  # a NUL: no file name can hold it (os.stat raised ValueError, the CLI a traceback)
+    manifest.write_text('path\nc0/img_00000.jpg\n"x\0.jpg"\nc1/img_00001.jpg\n', encoding="utf-8")
+    target = tmp_path / "db.lmdb"
+    assert main(["build", str(manifest), str(target), "--workers", "0", "--quiet"]) == 2
+    assert "m.csv line 3: 'x\\x00.jpg' cannot be a file name (it holds a NUL character)" in _one_error_line(capsys, "build")
+    assert main(["build", str(manifest), str(target), "--workers", "0", "--quiet", "--on-error", "skip"]) == 0
+    assert [s["reason"] for s in describe_lmdb(target)["skipped"]] == [
+        "m.csv line 3: 'x\\x00.jpg' cannot be a file name (it holds a NUL character); fix the path"]
+    jsonl = source / "m.jsonl"  # a lone surrogate: not UTF-8, so no file name either (os.stat raised UnicodeEncodeError)
+    jsonl.write_text('{"path": "c0/img_00000.jpg"}\n{"path": "x\\ud800.jpg"}\n', encoding="utf-8")
+    report = writer.build(jsonl, tmp_path / "j.lmdb", workers=0, progress=False, on_error="skip")
+    assert report.count == 1 and [s.reason for s in report.skipped] == [
+        "m.jsonl line 2: 'x\\ud800.jpg' cannot be a file name (it is not valid Unicode text); fix the path"]
 
 
 # --- the CLI: --version, and expected failures as one line ------------------------------------------

@@ -6,6 +6,7 @@ Builds run in this process (``workers=0``). A FIFO named like an image must neve
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from faultkit import contents
 from imagegen import bomb_png, make_jpegs, truncated_jpeg
 
+from lightning_lmdb import readers
 from lightning_lmdb.dataset import RawImageDataset
 from lightning_lmdb.folder import scan_folder
 from lightning_lmdb.writer import BuildError, build
@@ -37,7 +39,7 @@ BAD = {
     "truncated-jpeg": ("x_truncated.jpg", _write(truncated_jpeg), "corrupt or truncated"),
     "not-an-image": ("x_text.jpg", _write(lambda: b"hello, I am not a JPEG" * 10), "not an image"),
     "bomb": ("x_bomb.png", _write(bomb_png), "exceeds the limit"),
-    "dangling-symlink": ("x_dangling.jpg", _dangling, "cannot read the file"),
+    "dangling-symlink": ("x_dangling.jpg", _dangling, "cannot read the file: no such file (a symbolic link to a missing file)"),
     "fifo": ("x.png", os.mkfifo, "is a FIFO"),
 }
 LAYOUTS = ("classes", "flat")
@@ -100,6 +102,20 @@ def test_every_bad_file_is_skipped_and_recorded(tmp_path: Path, layout: str) -> 
     assert meta["source"]["num_files"] == GOOD + len(bad)
     assert values == [(source / p).read_bytes() for p in meta["paths"]]
     assert not set(meta["paths"]) & bad.keys()
+
+
+@pytest.mark.parametrize(("error", "reason"), [
+    (FileNotFoundError(errno.ENOENT, "No such file or directory"), "cannot read the file: no such file"),
+    (PermissionError(errno.EACCES, "Permission denied"), "cannot read the file (Permission denied). Check its permissions."),
+    (OSError(errno.EIO, "Input/output error"), "cannot read the file (Input/output error)."),
+])
+def test_an_unreadable_file_gets_the_hint_of_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: OSError,
+                                                       reason: str) -> None:
+    def fail(path: object) -> bytes:
+        raise error
+
+    monkeypatch.setattr(readers, "read_file", fail)  # running as root, chmod 000 would not stop the read
+    assert readers._read_one((0, str(tmp_path / "x.jpg"), "encoded", None, None, 0)) == (0, None, reason)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
