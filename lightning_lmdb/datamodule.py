@@ -91,7 +91,8 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
 
     Every choice is typed as a ``Literal``, so LightningCLI (jsonargparse) rejects a bad value at parse time;
     ``__init__`` checks them again for callers that do not check types (Hydra's ``instantiate``, plain Python).
-    The arguments are saved as hyper-parameters (``self.hparams``, and in checkpoints) as plain values --
+    The arguments are saved as hyper-parameters (``self.hparams``, and in checkpoints, not in the logger's
+    ``hparams.yaml``, where they would clash with the model's, e.g. ``batch_size``) as plain values --
     paths as strings, a Dataset as a description (``"<Dataset MyDS of 120 samples, version 2>"``), the transforms left
     out -- so checkpoints load with ``torch.load(..., weights_only=True)`` and ``LMDBDataModule.load_from_checkpoint``
     rebuilds the module (with the default transforms unless given; a Dataset must be passed again, e.g. ``train_dir=ds``).
@@ -152,7 +153,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
             crop and flip to ``image_size``, uint8); with masks, of ``(image, mask)`` (see :mod:`lightning_lmdb.transforms`).
         eval_transform: Transform of validation/test images (default: :func:`transforms.eval_transform`, the centre
             square resized to ``image_size``, uint8).
-        batch_size: Samples per batch.
+        batch_size: Samples per batch, per device (under DDP each of N processes loads batches of this size: N times it per step).
         num_workers: DataLoader worker processes (``None``: one per core, at most 8).
         pin_memory: Pin batches for faster GPU copies (``None``: when CUDA is available).
         prefetch_factor: Batches prefetched per worker (used only when ``num_workers > 0``).
@@ -243,7 +244,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         train_dir, val_dir, test_dir = (plain_source(d, manifest_given) for d in data)
         cache_dir, local_cache_dir = (None if d is None else os.fspath(d) for d in (cache_dir, local_cache_dir))
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-        self.save_hyperparameters(ignore=["train_transform", "eval_transform"])
+        self.save_hyperparameters(ignore=["train_transform", "eval_transform"], logger=False)  # checkpoints only, as the model's are logged
         self.dirs: dict[str, Path | Any] = dirs  # each split's folder, manifest or database (resolved), or Dataset, or None
         if val_fraction is None:
             val_fraction = DEFAULT_VAL_FRACTION if val_dir is None and train_dir is not None else 0.0
