@@ -38,6 +38,7 @@ from omegaconf import DictConfig, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 import lightning_lmdb
+import lightning_lmdb.experiment  # registers the config resolvers (${lmdb_num_classes:${data}}) before Hydra composes
 from lightning_lmdb.cli import EXIT_ERROR, describe_error
 from lightning_lmdb.datamodule import default_cache_dir
 from lightning_lmdb.experiment.callbacks import PerfMonitor
