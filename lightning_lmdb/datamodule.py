@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
-from lightning_lmdb import backends, envs, transforms
+from lightning_lmdb import backends, datasource, envs, transforms
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset, available_memory
 from lightning_lmdb.decoders import Decoder
 from lightning_lmdb.dm_loaders import DeviceBatchesMixin, LoadersMixin
@@ -63,15 +63,17 @@ def default_cache_dir() -> Path:
 def database_name(folder: Path | Any, options: BuildOptions, split: str = "") -> str:
     """The file name of ``folder``'s database: its name and a hash of its path and of :meth:`BuildOptions.cache_key`.
 
-    For a map-style Dataset: its class name and a hash of its class's qualified name, its length, the ``split`` it is given
-    for (two datasets of one class and length, e.g. ``MyDS("val")`` and ``MyDS("test")``, are two databases) and the cache key
-    (which holds ``manifest.version``): the same in every process and run, never of the object's ``id`` or ``repr``.
+    For a map-style Dataset: its class name and a hash of its :func:`~lightning_lmdb.datasource.identity` (class, length, a
+    ``Subset``'s indices, a few samples' bytes, ``manifest.version``), the ``split`` it is given for (two datasets of one class
+    and length, e.g. ``MyDS("val")`` and ``MyDS("test")``, are two databases) and the cache key: the same in every process and
+    run, never of the object's ``id`` or ``repr``.
     """
     if isinstance(folder, Path):
         text, name = f"{folder}", folder.name
     else:
         qualname = type(folder).__qualname__
-        text, name = f"<dataset {qualname}>\0{len(folder)}\0{split}", re.sub(r"[^\w.-]", "_", qualname.rsplit(".", 1)[-1])
+        text = f"{datasource.identity(folder, options.manifest.version)}\0{split}"
+        name = re.sub(r"[^\w.-]", "_", qualname.rsplit(".", 1)[-1])
     key = hashlib.sha256(f"{text}{options.cache_key()}".encode("utf-8", "surrogatepass")).hexdigest()[:10]
     return f"{name}-{key}.lmdb"
 
@@ -101,8 +103,9 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         train_dir: Training images: a folder (ImageFolder layout or flat), a manifest (.csv/.tsv/.jsonl, or a folder with
             metadata.csv/.jsonl), a database (a file or sharded folder built by ``lightning-lmdb build``: served as it is,
             never rebuilt, nothing written to ``cache_dir`` for it; the raw backend reads the files it was built from), or
-            a map-style Dataset (:mod:`lightning_lmdb.datasource`; kept as it is, its database named by its class, length
-            and ``manifest={"version": ...}``: change the version when its data changes; the raw backend serves the Dataset
+            a map-style Dataset (:mod:`lightning_lmdb.datasource`; kept as it is, its database named by its identity: class,
+            length, a ``Subset``'s indices, a few samples' bytes and ``manifest={"version": ...}``: change the version when
+            its data changes; the raw backend serves the Dataset
             itself, through the same decoding). Before ``setup``, a Dataset's ``classes`` / ``target_kind`` cost one sample
             read, or (classes found only in its samples) every sample read once, kept for ``setup``
             (:meth:`backends.Backend.dataset_labels`).
