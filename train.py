@@ -38,6 +38,7 @@ from omegaconf import DictConfig, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 import lightning_lmdb
+import lightning_lmdb.experiment  # registers the config resolvers (${lmdb_num_classes:${data}}) before Hydra composes
 from lightning_lmdb.cli import EXIT_ERROR, describe_error
 from lightning_lmdb.datamodule import default_cache_dir
 from lightning_lmdb.experiment.callbacks import PerfMonitor
@@ -139,6 +140,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     meta = {key: cfg.data.get(key) for key in ("storage", "batch_size", "num_workers", "cold_cache", "image_size", "netfs_latency_ms")}
     meta["model"] = type(model).__name__
     meta["repeat"] = cfg.get("ab", {}).get("repeat", 0)
+    if HydraConfig.initialized():  # the report's arms: every override but the backend and the repeat (report.arm_overrides)
+        meta["overrides"] = list(HydraConfig.get().overrides.task)
     monitor = PerfMonitor(output_dir / SUMMARY_NAME, backend=datamodule.backend, meta=meta)
     loggers = [CSVLogger(output_dir, name="csv"), TensorBoardLogger(output_dir, name="tensorboard")]
     callbacks: list[pl.Callback] = [monitor]

@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
-from lightning_lmdb import backends, envs, transforms
+from lightning_lmdb import backends, datasource, envs, transforms
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset, available_memory
 from lightning_lmdb.decoders import Decoder
 from lightning_lmdb.dm_loaders import DeviceBatchesMixin, LoadersMixin
@@ -63,15 +63,17 @@ def default_cache_dir() -> Path:
 def database_name(folder: Path | Any, options: BuildOptions, split: str = "") -> str:
     """The file name of ``folder``'s database: its name and a hash of its path and of :meth:`BuildOptions.cache_key`.
 
-    For a map-style Dataset: its class name and a hash of its class's qualified name, its length, the ``split`` it is given
-    for (two datasets of one class and length, e.g. ``MyDS("val")`` and ``MyDS("test")``, are two databases) and the cache key
-    (which holds ``manifest.version``): the same in every process and run, never of the object's ``id`` or ``repr``.
+    For a map-style Dataset: its class name and a hash of its :func:`~lightning_lmdb.datasource.identity` (class, length, a
+    ``Subset``'s indices, a few samples' bytes, ``manifest.version``), the ``split`` it is given for (two datasets of one class
+    and length, e.g. ``MyDS("val")`` and ``MyDS("test")``, are two databases) and the cache key: the same in every process and
+    run, never of the object's ``id`` or ``repr``.
     """
     if isinstance(folder, Path):
         text, name = f"{folder}", folder.name
     else:
         qualname = type(folder).__qualname__
-        text, name = f"<dataset {qualname}>\0{len(folder)}\0{split}", re.sub(r"[^\w.-]", "_", qualname.rsplit(".", 1)[-1])
+        text = f"{datasource.identity(folder, options.manifest.version)}\0{split}"
+        name = re.sub(r"[^\w.-]", "_", qualname.rsplit(".", 1)[-1])
     key = hashlib.sha256(f"{text}{options.cache_key()}".encode("utf-8", "surrogatepass")).hexdigest()[:10]
     return f"{name}-{key}.lmdb"
 
@@ -91,7 +93,8 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
 
     Every choice is typed as a ``Literal``, so LightningCLI (jsonargparse) rejects a bad value at parse time;
     ``__init__`` checks them again for callers that do not check types (Hydra's ``instantiate``, plain Python).
-    The arguments are saved as hyper-parameters (``self.hparams``, and in checkpoints) as plain values --
+    The arguments are saved as hyper-parameters (``self.hparams``, and in checkpoints, not in the logger's
+    ``hparams.yaml``, where they would clash with the model's, e.g. ``batch_size``) as plain values --
     paths as strings, a Dataset as a description (``"<Dataset MyDS of 120 samples, version 2>"``), the transforms left
     out -- so checkpoints load with ``torch.load(..., weights_only=True)`` and ``LMDBDataModule.load_from_checkpoint``
     rebuilds the module (with the default transforms unless given; a Dataset must be passed again, e.g. ``train_dir=ds``).
@@ -100,8 +103,9 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         train_dir: Training images: a folder (ImageFolder layout or flat), a manifest (.csv/.tsv/.jsonl, or a folder with
             metadata.csv/.jsonl), a database (a file or sharded folder built by ``lightning-lmdb build``: served as it is,
             never rebuilt, nothing written to ``cache_dir`` for it; the raw backend reads the files it was built from), or
-            a map-style Dataset (:mod:`lightning_lmdb.datasource`; kept as it is, its database named by its class, length
-            and ``manifest={"version": ...}``: change the version when its data changes; the raw backend serves the Dataset
+            a map-style Dataset (:mod:`lightning_lmdb.datasource`; kept as it is, its database named by its identity: class,
+            length, a ``Subset``'s indices, a few samples' bytes and ``manifest={"version": ...}``: change the version when
+            its data changes; the raw backend serves the Dataset
             itself, through the same decoding). Before ``setup``, a Dataset's ``classes`` / ``target_kind`` cost one sample
             read, or (classes found only in its samples) every sample read once, kept for ``setup``
             (:meth:`backends.Backend.dataset_labels`).
@@ -152,7 +156,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
             crop and flip to ``image_size``, uint8); with masks, of ``(image, mask)`` (see :mod:`lightning_lmdb.transforms`).
         eval_transform: Transform of validation/test images (default: :func:`transforms.eval_transform`, the centre
             square resized to ``image_size``, uint8).
-        batch_size: Samples per batch.
+        batch_size: Samples per batch, per device (under DDP each of N processes loads batches of this size: N times it per step).
         num_workers: DataLoader worker processes (``None``: one per core, at most 8).
         pin_memory: Pin batches for faster GPU copies (``None``: when CUDA is available).
         prefetch_factor: Batches prefetched per worker (used only when ``num_workers > 0``).
@@ -243,7 +247,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         train_dir, val_dir, test_dir = (plain_source(d, manifest_given) for d in data)
         cache_dir, local_cache_dir = (None if d is None else os.fspath(d) for d in (cache_dir, local_cache_dir))
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-        self.save_hyperparameters(ignore=["train_transform", "eval_transform"])
+        self.save_hyperparameters(ignore=["train_transform", "eval_transform"], logger=False)  # checkpoints only, as the model's are logged
         self.dirs: dict[str, Path | Any] = dirs  # each split's folder, manifest or database (resolved), or Dataset, or None
         if val_fraction is None:
             val_fraction = DEFAULT_VAL_FRACTION if val_dir is None and train_dir is not None else 0.0

@@ -30,17 +30,27 @@ float or float list / tensor: ``regression``; ``None``: ``none``); a later targe
 sorted names found (names) or ``"0"`` .. ``"N"`` (indices, N the largest). A regression target of K numbers gets the
 names ``value0`` .. ``value{K-1}``. :func:`labels` knows them before a build, as cheaply as it can.
 
-**When it is rebuilt.** Its database records the dataset's class name, its length and your ``version=`` (and
-``target_kind`` / the classes), not its contents: change ``version`` when the data changes.
+**When it is rebuilt: its identity** (:func:`identity`, deterministic in every process: no ``hash()``, ``id()`` or
+``repr``). Its database records, and the DataModule names its cached database by, the dataset's class and length, the
+indices of a ``Subset`` (of a ``Subset`` ..., and the parts of a ``ConcatDataset``, recursively), a hash of the bytes of
+:data:`IDENTITY_SAMPLES` samples at fixed positions (image and target, as a build reads them; the first read twice), and your
+``version=`` (and ``target_kind`` / the classes). So two folds of one dataset (two ``Subset`` objects of one length) are two databases,
+and an edit that changes one of those samples rebuilds; another edit of the same length does not: change ``version`` when the
+data changes (a dataset without one warns once). A dataset that returns other bytes when a sample is read again (random
+transforms) warns and is known by its class, length, indices and version alone. A database built from a dataset before its
+samples and indices entered the identity is rebuilt once (the DataModule's cached one under a new name: delete the old one).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
 import os
 import sys
+import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,8 +64,8 @@ from lightning_lmdb.codec import ImageDecodeError, encode_record
 from lightning_lmdb.errors import LightningLMDBError, NotRegularFileError, OptionError, SourceError
 from lightning_lmdb.sources import NO_TARGET, Labels, ManifestOptions, SourceFile, SourceScan, Target, read_file
 
-__all__ = ["DatasetScan", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of", "has_samples", "labels", "read_sample",
-           "record_entry", "sample_image", "sample_parts", "scan", "split_entry"]
+__all__ = ["DatasetScan", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of", "has_samples", "identity", "labels",
+           "read_sample", "record_entry", "sample_image", "sample_parts", "scan", "split_entry"]
 
 #: The keys of a mapping sample that hold its image, then its target (the first one present is used).
 IMAGE_KEYS = ("image", "img")
@@ -66,6 +76,12 @@ _PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA"})
 _MAX_INDEX_CLASSES = 1_000_000
 _OPTIONS_FOR_MANIFESTS = ("root", "path_column", "label_column", "split_column", "label_sep", "mask_column", "masks_dir", "ignore_index")
 _SET_KIND = "set target_kind= ('class', 'multilabel', 'regression' or 'none') if that is wrong"
+#: How many samples' bytes enter a dataset's :func:`identity` (at fixed positions spread over it; the first is read twice).
+IDENTITY_SAMPLES = 4
+#: The dataset classes already warned (once per process) that they have no ``version``.
+_UNVERSIONED_WARNED: set[str] = set()
+#: The samples' digest of each dataset object seen (by ``id``, checked by a weak reference and its length): read once per process.
+_SAMPLE_DIGESTS: dict[int, tuple[weakref.ref[Any], int, str | None]] = {}
 
 
 @dataclass(frozen=True)
@@ -102,12 +118,95 @@ def scan(source: Any, options: ManifestOptions | None = None) -> DatasetScan:
         raise SourceError(f"The dataset {_name(source)} is empty (len() is 0): nothing to build.")
     given = _given_classes(source, options)
     name = _name(source)
-    identity = json.dumps({"dataset": name, "length": count, "version": options.version, "target_kind": options.target_kind,
-                           "classes": given}, sort_keys=True, ensure_ascii=False)
+    known = json.dumps({"dataset": json.loads(identity(source, options.version)), "target_kind": options.target_kind, "classes": given},
+                       sort_keys=True, ensure_ascii=False)
     files = [SourceFile(f"{name}[{i}]", str(i), NO_TARGET, 0, 0) for i in range(count)]
     return DatasetScan(root=Path(f"<dataset {name}>"), classes=list(given or []), class_to_idx={c: k for k, c in enumerate(given or [])},
-                       files=files, target_kind=options.target_kind, identity=identity, targets_from_records=True, dataset=source,
+                       files=files, target_kind=options.target_kind, identity=known, targets_from_records=True, dataset=source,
                        given_kind=options.target_kind)
+
+
+def identity(source: Any, version: Any = None) -> str:
+    """What tells the dataset ``source`` from another, as JSON text: the same in every process and run for the same data.
+
+    Its class and length, the indices of a ``Subset`` and the parts of a ``ConcatDataset`` (recursively), a digest of the
+    bytes (image and target) of :data:`IDENTITY_SAMPLES` samples at fixed positions (``None`` when the first of them read twice
+    differs: random transforms; a warning says so), and ``version``. The samples are read once per dataset object and process.
+    Without a ``version`` it warns, once per dataset class and process, that other edits of the same length go unseen.
+    """
+    name = _name(source)
+    if version is None and name not in _UNVERSIONED_WARNED:
+        _UNVERSIONED_WARNED.add(name)
+        warnings.warn(f"The dataset {name} has no version: its database is rebuilt when its length, its indices or one of the "
+                      f"{IDENTITY_SAMPLES} samples hashed for its identity change, not on another edit of the same length. Pass "
+                      "version= (LMDBDataModule: manifest={'version': 1}, Hydra: data.manifest.version=1) and change it when its "
+                      "data changes.", stacklevel=2)
+    return json.dumps({"structure": _structure(source), "samples": _samples_digest(source), "version": version}, sort_keys=True,
+                      ensure_ascii=False, default=str)
+
+
+def _structure(source: Any) -> dict[str, Any]:
+    """Class and length, and recursively a ``Subset``'s indices (a digest) and dataset, or a ``ConcatDataset``'s parts."""
+    node: dict[str, Any] = {"class": f"{type(source).__module__}.{type(source).__qualname__}", "length": _length_or_none(source)}
+    inner, indices = getattr(source, "dataset", None), getattr(source, "indices", None)
+    if inner is not None and indices is not None:  # a torch Subset (or any view of that shape)
+        try:
+            node["indices"] = hashlib.blake2b(np.asarray(indices, dtype=np.int64).tobytes(), digest_size=16).hexdigest()
+        except (TypeError, ValueError):
+            node["indices"] = None
+        node["of"] = _structure(inner)
+    parts = getattr(source, "datasets", None)
+    if isinstance(parts, (list, tuple)) and hasattr(source, "cumulative_sizes"):  # a torch ConcatDataset
+        node["parts"] = [_structure(part) for part in parts]
+    return node
+
+
+def _length_or_none(source: Any) -> int | None:
+    try:
+        return len(source)
+    except TypeError:
+        return None
+
+
+def _samples_digest(source: Any) -> str | None:
+    """A digest of the bytes of :data:`IDENTITY_SAMPLES` samples at fixed positions, read once per dataset object and process;
+    ``None`` (with a warning) when the first one reads differently twice."""
+    count = len(source)
+    cached = _SAMPLE_DIGESTS.get(id(source))
+    if cached is not None and cached[0]() is source and cached[1] == count:
+        return cached[2]
+    taken = min(IDENTITY_SAMPLES, count)
+    positions = sorted({(count - 1) * j // max(taken - 1, 1) for j in range(taken)})
+    digests = [_sample_digest(source, position) for position in positions]
+    found: str | None = hashlib.blake2b(b"".join(digests), digest_size=16).hexdigest()
+    if _sample_digest(source, positions[0]) != digests[0]:
+        found = None
+    if found is None:
+        warnings.warn(f"The dataset {_name(source)} returned other bytes when dataset[{positions[0]}] was read again (random "
+                      "transforms?): its database is known by its class, length, indices and version alone, and holds what one read "
+                      "returned. Pack it without its random transforms (give them to the DataModule as train_transform=), and "
+                      "change version= when its data changes.", stacklevel=3)
+    try:
+        _SAMPLE_DIGESTS[id(source)] = (weakref.ref(source), count, found)
+    except TypeError:  # no weak reference to it (a list): read again next time
+        pass
+    return found
+
+
+def _sample_digest(source: Any, index: int) -> bytes:
+    """The digest of ``source[index]``'s image and target, as a build reads them (the error's type for a bad sample)."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        image, target = sample_parts(source[index])
+        found = sample_image(image)
+        if isinstance(found, Image.Image):
+            digest.update(f"{found.mode} {found.size} {found.getpalette() if found.mode == 'P' else ''}".encode())
+            found = found.tobytes()
+        digest.update(found)
+        digest.update(json.dumps(_plain_target(target)).encode())
+    except Exception as exc:  # noqa: BLE001 - a bad sample is the build's to report; here it is known by its error's type
+        digest.update(f"error {type(exc).__module__}.{type(exc).__qualname__}".encode())
+    return digest.digest()
 
 
 def has_samples(source: Any, options: ManifestOptions | None = None) -> bool:

@@ -52,11 +52,12 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 import warnings
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from lightning_lmdb.errors import ImageDecodeError, OptionError
 from lightning_lmdb.imageinfo import ImageInfo, read_info
@@ -69,7 +70,7 @@ Decoder = Literal["pil", "torchcodec", "opencv", "auto"]
 DECODERS: tuple[str, ...] = get_args(Decoder)
 #: Default pixel limit: Pillow's own warning threshold (~89.5 megapixels).
 DEFAULT_MAX_PIXELS: int = 89_478_485
-#: What Pillow itself refuses (twice its warning threshold): the limit when a caller passes ``max_pixels=None``.
+#: What Pillow itself refuses by default (twice its warning threshold): with ``max_pixels=None``, a larger image is decoded by PIL.
 HARD_MAX_PIXELS: int = 2 * DEFAULT_MAX_PIXELS
 #: DCT scale factors of reduced-size JPEG decoding, largest first.
 _REDUCTIONS = (8, 4, 2)
@@ -199,7 +200,7 @@ def decode(
         data: The encoded file contents.
         decoder: ``"pil"``, ``"torchcodec"``, ``"opencv"`` or ``"auto"`` (see the module docstring).
         decode_size: The shorter side the transform needs: allows reduced-size JPEG decoding (``None``: full size).
-        max_pixels: Refuse images with more pixels than this (``None``: Pillow's hard limit, 2x its warning threshold).
+        max_pixels: Refuse images with more pixels than this (``None``: no limit; one over :data:`HARD_MAX_PIXELS` is decoded by PIL).
         name: How to name the image in errors (usually its path).
 
     Raises:
@@ -211,12 +212,12 @@ def decode(
     info = read_info(data)
     library = choose(info, decoder)
     if library != "pil":
-        limit = HARD_MAX_PIXELS if max_pixels is None else max_pixels
-        if info.pixels > limit:
-            raise _too_many_pixels(name, info.width, info.height, limit)
-        pixels = _opencv(data, info, decode_size) if library == "opencv" else _torchcodec(data, info)
-        if pixels is not None:
-            return pixels
+        if max_pixels is not None and info.pixels > max_pixels:
+            raise _too_many_pixels(name, info.width, info.height, max_pixels)
+        if info.pixels <= HARD_MAX_PIXELS:  # a larger one (max_pixels=None): PIL's decode, not an allocation from its header
+            pixels = _opencv(data, info, decode_size) if library == "opencv" else _torchcodec(data, info)
+            if pixels is not None:
+                return pixels
     # PIL: the formats the others do not read, and anything they failed on (PIL then names the problem)
     return pil_to_tensor(decode_pil(data, max_pixels=max_pixels, name=name, decode_size=decode_size))
 
@@ -231,8 +232,9 @@ def decode_pil(
 
     Args:
         data: The encoded file contents.
-        max_pixels: Refuse images with more pixels than this; ``None`` for no limit of ours (Pillow's
-            hard limit of twice its warning threshold still applies).
+        max_pixels: Refuse images with more pixels than this; ``None`` for no limit (Pillow's own, twice
+            ``PIL.Image.MAX_IMAGE_PIXELS``, is lifted for this image alone, never changed; a WebP or TIFF that Pillow checks
+            again as it opens or loads is still held to it).
         name: How to name the image in errors (usually its path).
         decode_size: Allow a reduced-size JPEG decode (``draft()``) whose shorter side stays >= twice this.
 
@@ -242,10 +244,14 @@ def decode_pil(
     if not len(data):
         raise ImageDecodeError(name, "the file is empty. Remove it or replace it with the image.")
     _silence_bomb_warning()
-    try:
-        img = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:
-        raise ImageDecodeError(name, str(exc)) from exc
+    pillows = Image.MAX_IMAGE_PIXELS
+    try:  # Pillow's own limit (2 x MAX_IMAGE_PIXELS, checked as it opens) must not refuse what max_pixels allows
+        stricter = pillows is not None and (max_pixels is None or max_pixels > 2 * pillows)
+        img = _open_unchecked(data) if stricter else Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:  # a format that checks again itself (WebP as it opens, TIFF as it loads)
+        raise ImageDecodeError(name, f"{exc} Pillow's own limit for this format (2 x PIL.Image.MAX_IMAGE_PIXELS) applies even with "
+                                     "max_pixels=None: convert the image to PNG, or raise PIL.Image.MAX_IMAGE_PIXELS in your "
+                                     "script.") from exc
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise ImageDecodeError(name, "not an image in a format Pillow can read. Remove or replace the file.") from exc
     with img:
@@ -259,8 +265,38 @@ def decode_pil(
                 reduced = Reduced(round(width / drafted[1][2]), height, width)
         try:
             return _mark_reduced(img.convert("RGB"), reduced)
+        except Image.DecompressionBombError as exc:
+            raise ImageDecodeError(name, f"{exc} Pillow's own limit for this format (2 x PIL.Image.MAX_IMAGE_PIXELS) applies even "
+                                         "with max_pixels=None: convert the image to PNG, or raise PIL.Image.MAX_IMAGE_PIXELS in "
+                                         "your script.") from exc
         except (OSError, SyntaxError, ValueError, EOFError) as exc:
             raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
+
+
+def _open_unchecked(data: bytes | memoryview) -> Image.Image:
+    """``Image.open`` without the decompression-bomb check it makes once the header is read (the caller checks ``max_pixels``
+    itself, before any pixel is decoded): the format plugins tried in Pillow's order, as ``Image.open`` tries them.
+
+    Pillow's limit is a process-wide setting (``PIL.Image.MAX_IMAGE_PIXELS``); lifting it for one image by changing it would
+    lift it for every thread of the process meanwhile, so it is left alone.
+
+    Raises:
+        PIL.UnidentifiedImageError: No plugin reads it.
+    """
+    fp, prefix = io.BytesIO(data), bytes(data[:16])
+    for load_plugins in (Image.preinit, Image.init):
+        load_plugins()
+        for format_id in list(Image.ID):
+            factory, accept = Image.OPEN[format_id]
+            accepted = not accept or accept(prefix)
+            if not accepted or isinstance(accepted, str):  # a str: why it cannot (Image.open warns it)
+                continue
+            fp.seek(0)
+            try:
+                return factory(fp, "")
+            except (SyntaxError, IndexError, TypeError, struct.error):  # not this format after all, as Image.open
+                continue
+    raise UnidentifiedImageError("cannot identify image file")
 
 
 def pil_to_tensor(image: Image.Image) -> torch.Tensor:

@@ -26,6 +26,7 @@ from lightning_lmdb import LMDBDataModule, envs, shards
 from lightning_lmdb import backends as dm_module  # the LMDB backend's builds
 from lightning_lmdb.datamodule import DEFAULT_VAL_FRACTION
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 from lightning_lmdb.transforms import ResizedCrop, eval_transform
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -434,6 +435,30 @@ def test_checkpoint_hyperparameters_are_plain_and_load_weights_only(tmp_path: Pa
                          enable_model_summary=False)
     trainer.fit(TinyClassifier(2), datamodule=restored, ckpt_path=ckpt, weights_only=True)
     assert trainer.current_epoch == 2 and trainer.state.finished
+
+
+class BatchSizeClassifier(TinyClassifier):
+    """A model with a ``batch_size`` hyper-parameter of its own (as lightning-hydra-template's are), logged by the logger."""
+
+    def __init__(self, num_classes: int, batch_size: int = 32):
+        super().__init__(num_classes)
+        self.save_hyperparameters(logger=True)
+
+
+@pytest.mark.parametrize("module", [LMDBDataModule, ExperimentDataModule])
+def test_the_loggers_hparams_are_the_models_and_the_checkpoint_keeps_the_datamodules(tmp_path: Path, module: type) -> None:
+    source = make_jpegs(tmp_path / "src", 8, size=8)
+    dm = module(source, cache_dir=tmp_path / "cache", image_size=8, batch_size=4, build_workers=0, num_workers=0, val_fraction=0,
+                train_transform=eval_transform(8), eval_transform=eval_transform(8))
+    logger = pl.loggers.CSVLogger(tmp_path / "logs", name="run", version=0)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=logger, callbacks=[checkpoints], enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(BatchSizeClassifier(2), datamodule=dm)  # a logged datamodule's batch_size=4 would clash with the model's 32
+    logged = OmegaConf.to_container(OmegaConf.load(tmp_path / "logs" / "run" / "version_0" / "hparams.yaml"))
+    assert logged == {"num_classes": 2, "batch_size": 32}, "the model's alone"
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)[LMDBDataModule.CHECKPOINT_HYPER_PARAMS_KEY]
+    assert saved == dict(dm.hparams) and saved["batch_size"] == 4 and saved["train_dir"] == str(source)
 
 
 class SampleCounter(TinyClassifier):

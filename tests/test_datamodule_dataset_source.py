@@ -7,6 +7,12 @@ samples, with the same targets and the same bad samples left out, so an A/B diff
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +22,8 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_lmdb import LMDBDataModule, fsops, netfs, sources
-from lightning_lmdb.errors import BuildError, OptionError, SourceError
+from lightning_lmdb import LMDBDataModule, datasource, fsops, netfs, sources
+from lightning_lmdb.errors import BuildError, OptionError, SourceError, StaleDatabaseError
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 from lightning_lmdb.rawdataset import SourceDataset
 from lightning_lmdb.transforms import eval_transform
@@ -291,3 +297,80 @@ def test_two_workers_serve_the_same_batches_on_both_backends(tmp_path: Path) -> 
     served = {backend: _batches(_module(ArrayTags(24), tmp_path / "cache", backend, num_workers=2, persistent_workers=False))
               for backend in ("raw", "lmdb")}
     assert len(served["raw"]) == 6 and _same(served["raw"], served["lmdb"])
+
+
+def test_k_fold_subsets_of_one_dataset_each_serve_their_own_samples_from_one_cache_dir(tmp_path: Path) -> None:
+    """Two folds of one length, no version: one database each (the second was served the first fold's images)."""
+    full = PilClasses(16)
+    folds = [torch.utils.data.Subset(full, range(0, 8)), torch.utils.data.Subset(full, range(8, 16))]
+    modules = [_module(fold, tmp_path / "cache", "lmdb") for fold in folds]
+    for k, (fold, dm) in enumerate(zip(folds, modules)):
+        images, targets = (torch.cat(part) for part in zip(*_batches(dm)))
+        expected = _expected_batch(fold, list(range(len(fold))), dm.classes)
+        assert torch.equal(images, expected[0]) and torch.equal(targets, expected[1]), f"fold {k} served its own samples"
+    assert modules[0].database_path("train") != modules[1].database_path("train")
+    database = build_lmdb(folds[0], tmp_path / "fold.lmdb", workers=0, progress=False)
+    with pytest.raises(StaleDatabaseError):  # another fold at one path: its database is not current for it
+        build_lmdb(folds[1], database, workers=0, progress=False, on_stale="error")
+
+
+def _png_samples(count: int) -> list[tuple[bytes, int]]:
+    """A list (a dataset too) of (PNG bytes, class) samples, each its own picture."""
+    samples = []
+    for i in range(count):
+        buffer = io.BytesIO()
+        Image.fromarray(_pixels(i, (4, 5, 3))).save(buffer, format="PNG")
+        samples.append((buffer.getvalue(), i % 2))
+    return samples
+
+
+def test_a_subsets_indices_enter_its_identity_recursively_and_the_parts_of_a_concat_dataset() -> None:
+    full = _png_samples(8)  # 6 indices, 4 samples hashed at positions 0, 1, 3, 5: these differ only at position 2 and 4
+    subset, other = torch.utils.data.Subset(full, [0, 1, 2, 3, 4, 5]), torch.utils.data.Subset(full, [0, 1, 4, 3, 2, 5])
+    assert datasource.identity(subset, 1) != datasource.identity(other, 1), "the indices, not the samples hashed"
+    assert datasource.identity(subset, 1) == datasource.identity(torch.utils.data.Subset(full, range(6)), 1), "indices as a range"
+    nested = [torch.utils.data.Subset(torch.utils.data.Subset(full, inner), range(6)) for inner in ([0, 1, 2, 3, 4, 5], [0, 1, 4, 3, 2, 5])]
+    assert datasource.identity(nested[0], 1) != datasource.identity(nested[1], 1), "a Subset of a Subset"
+    concat = [torch.utils.data.ConcatDataset([torch.utils.data.Subset(full, a), torch.utils.data.Subset(full, b)])
+              for a, b in (([0, 1, 2], [3, 4, 5]), ([0, 1, 4], [3, 2, 5]))]
+    assert datasource.identity(concat[0], 1) != datasource.identity(concat[1], 1), "a ConcatDataset's parts"
+    edited = list(full)
+    edited[2] = _png_samples(9)[8]  # 8 samples: positions 0, 2, 4 and 7 hashed
+    assert datasource.identity(edited, 1) != datasource.identity(full, 1), "a sample hashed: the same length, other bytes"
+
+
+def test_the_identity_is_the_same_in_another_process() -> None:
+    code = ("import io, json, sys, numpy as np; from PIL import Image; from lightning_lmdb import datasource\n"
+            "def png(i):\n b = io.BytesIO(); Image.fromarray(np.full((4, 5, 3), i, np.uint8)).save(b, format='PNG'); return b.getvalue()\n"
+            "print(datasource.identity([(png(i), i % 2) for i in range(7)], 'v1'))")
+    found = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONWARNINGS": "ignore"}).stdout for seed in ("1", "2")}
+    assert len(found) == 1 and json.loads(found.pop())["samples"] is not None
+
+
+class RandomCrops(PilClasses):
+    """``PilClasses`` whose images come out of a random transform: other pixels each read."""
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        image, target = super().__getitem__(i)
+        return Image.fromarray(np.asarray(image.convert("RGB")) ^ np.uint8(np.random.randint(1, 256))), target
+
+
+def test_a_dataset_that_reads_differently_twice_warns_and_is_known_without_its_samples() -> None:
+    with pytest.warns(UserWarning, match=r"RandomCrops returned other bytes when dataset\[0\] was read again \(random transforms"):
+        known = json.loads(datasource.identity(RandomCrops(), 3))
+    assert known["samples"] is None and known["structure"]["length"] == 10 and known["version"] == 3
+    with pytest.warns(UserWarning, match="returned other bytes"):
+        assert datasource.identity(RandomCrops(), 3) == json.dumps(known, sort_keys=True), "class, length, indices and version"
+    assert json.loads(datasource.identity(PilClasses(), 3))["samples"] is not None
+
+
+def test_a_dataset_without_a_version_warns_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(datasource, "_UNVERSIONED_WARNED", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            _batches(_module(PilClasses(), tmp_path / "cache", "lmdb"))
+        _batches(_module(PilClasses(), tmp_path / "cache", "lmdb", manifest={"version": 1}))
+    said = [str(w.message) for w in caught if "has no version" in str(w.message)]
+    assert len(said) == 1 and "PilClasses" in said[0] and "edit of the same length" in said[0] and "version=" in said[0], said

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,8 @@ from imagegen import (
 )
 from PIL import Image
 
-from lightning_lmdb.decoders import DECODERS, ImageDecodeError, choose, decode, reduction
+from lightning_lmdb.decoders import DECODERS, ImageDecodeError, choose, decode, decode_pil, reduction
+from lightning_lmdb.errors import BuildError
 from lightning_lmdb.imageinfo import read_info
 from lightning_lmdb.transforms import eval_transform
 
@@ -235,3 +237,49 @@ def test_a_decode_silences_only_pillows_own_bomb_warning_with_one_filter(monkeyp
         warnings.warn("the user's own", Image.DecompressionBombWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["the user's own"]
     assert len(filters) == 1, "one filter, added once, not one per decode"
+
+
+def _noise_png(side: int = 100) -> bytes:
+    return encode(Image.fromarray(np.random.default_rng(side).integers(0, 256, (side, side, 3), dtype=np.uint8)), "PNG")
+
+
+def test_max_pixels_none_lifts_pillows_limit_for_that_image_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 14000 x 14000 PNG with max_pixels=None, scaled down: Pillow's limit lowered to 64 x 64 (it refuses over twice that)."""
+    import lightning_lmdb.decoders as decoders
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 64)
+    monkeypatch.setattr(decoders, "HARD_MAX_PIXELS", 2 * 64 * 64)
+    data = _noise_png()  # 10,000 pixels
+    with pytest.raises(Image.DecompressionBombError):
+        Image.open(io.BytesIO(data))  # what Pillow alone does with it
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 64)
+    for decoder in DECODERS:
+        got = decode(data, decoder, max_pixels=None, name="big.png")
+        np.testing.assert_array_equal(np.asarray(got) if decoder == "pil" else hwc(got), expected, decoder)
+        assert Image.MAX_IMAGE_PIXELS == 64 * 64, "Pillow's limit is never changed, not even for a moment seen after"
+        with pytest.raises(ImageDecodeError, match="big.png: .*10,000 pixels exceeds the limit of 9,999"):
+            decode(data, decoder, max_pixels=9_999, name="big.png")
+    assert decode_pil(data, max_pixels=20_000).size == (100, 100), "a limit above Pillow's is ours to keep"
+    with pytest.raises(ImageDecodeError, match="not an image"):
+        decode_pil(b"not an image at all", max_pixels=None)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_build_with_max_pixels_none_takes_an_image_over_pillows_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        workers: int) -> None:
+    from lightning_lmdb.dataset import LMDBImageDataset
+    from lightning_lmdb.writer import build_lmdb
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.png").write_bytes(_noise_png())
+    Image.new("RGB", (8, 8)).save(tmp_path / "src" / "small.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 64)  # the reader process (fork) inherits it
+    for storage in ("encoded", "auto"):
+        out = build_lmdb(tmp_path / "src", tmp_path / f"{storage}.lmdb", storage=storage, max_pixels=None, workers=workers, progress=False)
+        assert Image.MAX_IMAGE_PIXELS == 64 * 64
+        served = LMDBImageDataset(out)
+        assert len(served) == 2 and served[served.paths.index("big.png")][0].size == (100, 100)
+    with pytest.raises(BuildError, match=r"big\.png.*exceeds the limit of 9,999"):
+        build_lmdb(tmp_path / "src", tmp_path / "limited.lmdb", max_pixels=9_999, workers=workers, progress=False)

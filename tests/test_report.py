@@ -233,3 +233,40 @@ def test_cpu_saturation_at_ninety_percent(busy: float, saturated: bool) -> None:
               "cores, so the data-wait understates the loader's cost")
     not_bound = "not data-bound: the training loop waited < 10% of each epoch (2.0% (raw) vs 2.0% (lmdb))"
     assert line == not_bound + (clause if saturated else "")
+
+
+def test_runs_are_grouped_by_every_override_but_the_backend_and_the_repeat(tmp_path) -> None:
+    """``-m data=raw,lmdb data.manifest.label_column=alpha,brightness``: four arms (n=2 each), never alpha and brightness pooled."""
+    times = {("raw", "alpha"): 10.0, ("lmdb", "alpha"): 6.0, ("raw", "brightness"): 4.0, ("lmdb", "brightness"): 4.0}
+    job = 0
+    for repeat in range(2):
+        for (backend, column), time in times.items():
+            _write_run(tmp_path / str(job), backend, [time * 1.3, time + repeat * 0.01, time + repeat * 0.01], 0.3, None)
+            summary = json.loads((tmp_path / str(job) / SUMMARY_NAME).read_text())
+            summary["meta"] = {**summary["meta"], "repeat": repeat,
+                               "overrides": [f"data={backend}", f"data.manifest.label_column={column}", f"ab.repeat={repeat}"]}
+            (tmp_path / str(job) / SUMMARY_NAME).write_text(json.dumps(summary))
+            job += 1
+    summaries = load_summaries(tmp_path)
+    assert {s["label"] for s in summaries} == {f"{b} data.manifest.label_column={c}" for b, c in times}
+    lines = verdict(summaries)
+    assert lines[1].startswith("lmdb data.manifest.label_column=alpha saves 4.00") and "n=2" in lines[1]
+    assert lines[2].startswith("inconclusive: lmdb data.manifest.label_column=brightness vs raw "
+                               "data.manifest.label_column=brightness")
+    table = comparison_table(summaries)
+    said = next(line for line in table.splitlines() if line.startswith("arms: "))
+    assert "every override but the repeat (ab.repeat=) and the backend's (data=)" in said and said.count("(n=2)") == 4
+
+
+def test_a_recorded_setting_is_shown_only_where_the_overrides_do_not_tell_the_runs_apart() -> None:
+    def run(backend: str, model: str, repeat: int) -> dict:
+        summary = _summary(backend, repeat, [5.0, 5.0], 0.2)
+        summary["meta"].update(model={"noop": "NoOpModel", "toy_cnn": "ToyCNN"}[model], overrides=[f"data={backend}", f"model={model}"])
+        del summary["label"]
+        return summary
+
+    summaries = [run(b, m, r) for r in range(2) for b in ("raw", "lmdb") for m in ("noop", "toy_cnn")]
+    from lightning_lmdb.experiment.report import _add_labels
+
+    _add_labels(summaries)
+    assert [s["label"] for s in summaries[:4]] == ["raw model=noop", "raw model=toy_cnn", "lmdb model=noop", "lmdb model=toy_cnn"]

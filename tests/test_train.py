@@ -74,11 +74,15 @@ def test_multirun_ab_repeats_interleaved_and_one_comparison(tmp_path: Path) -> N
     assert "epoch 0 (cold)" in table and "epochs 1+ (warm" in table and " ± " in table
     assert (sweep / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result.stdout.count("verdict: ") == 2, "the comparison is printed once, at the end of the multirun"
+    assert "2 arm(s) of raw (n=2), lmdb (n=2)" in table, "the same overrides but the backend and the repeat: one arm per backend"
     assert "A/B outputs: " in result.stdout and "run raw: outputs in " in result.stdout
     jobs = []
     for job in ("0", "1", "2", "3"):
         summary = json.loads((sweep / job / "perf_summary.json").read_text())
         jobs.append((summary["backend"], summary["meta"]["repeat"]))
+        overrides = summary["meta"]["overrides"]  # what the report's arms are made of (all but data= and ab.repeat=)
+        assert f"data={summary['backend']}" in overrides and f"ab.repeat={summary['meta']['repeat']}" in overrides
+        assert "trainer.max_epochs=2" in overrides
         assert len(summary["epochs"]) == 2 and summary["gpu_available"] is False
         with open(next((sweep / job / "csv").rglob("metrics.csv"))) as handle:
             rows = list(csv.DictReader(handle))

@@ -58,7 +58,7 @@ class ExperimentDataModule(LMDBDataModule):
             raise OptionError(f"netfs_latency_ms={netfs_latency_ms} emulates network storage by mounting folders, and "
                               f"{', '.join(datasets)} {'is a Dataset' if len(datasets) == 1 else 'are Datasets'}, not a folder: leave "
                               "netfs_latency_ms unset (Hydra: data.netfs_latency_ms=null), or write the images to a folder and pass that.")
-        self.save_hyperparameters({**self.hparams, "cold_cache": cold_cache, "netfs_latency_ms": netfs_latency_ms})
+        self.save_hyperparameters({**self.hparams, "cold_cache": cold_cache, "netfs_latency_ms": netfs_latency_ms}, logger=False)
         if cold_cache and self.persistent_workers and self.num_workers > 0:
             rank_zero_warn("cold_cache=True turns persistent_workers off: live workers would keep the data cached.")
             self.persistent_workers = False

@@ -1,8 +1,11 @@
 """The A/B comparison and its verdict, from the JSON summaries that ``PerfMonitor`` writes.
 
 A multirun directory (e.g. Hydra's ``multirun/<date>/<time>/``) holds one subdirectory per run, each
-with a :data:`SUMMARY_NAME` file. Runs are grouped into **arms** -- the backend plus any setting that
-differs between runs, but not the repeat number -- and every figure is reported per arm as the
+with a :data:`SUMMARY_NAME` file. Runs are grouped into **arms** -- the backend plus every command-line
+override (``meta["overrides"]``, recorded by ``train.py``) and every recorded setting that differs between
+runs, but not the backend's own override (``data=``) or the repeat number (``ab.repeat=``), so
+``-m data=raw,lmdb data.manifest.label_column=alpha,brightness`` makes four arms, never two pooled ones --
+and every figure is reported per arm as the
 median over its runs and the spread (half the range, ``±``), epoch 0 (cold: first pass, caches and
 workers not warmed) and later epochs (warm, or evicted each epoch with ``cold_cache``) apart.
 Epochs are numbered from 0 everywhere, as Lightning numbers them.
@@ -44,7 +47,9 @@ DATA_BOUND_FRAC = 0.10
 #: A machine this busy (all cores, from /proc/stat) is CPU-saturated.
 CPU_SATURATED_FRAC = 0.90
 #: Meta keys that do not define an arm (runs differing only in these are repeats of one arm).
-_NOT_ARM = ("backend", "repeat")
+_NOT_ARM = ("backend", "repeat", "overrides")
+#: Overrides that do not define an arm: the backend (``data=raw`` / ``data=lmdb``, ``data.backend=``) and the repeat.
+NOT_ARM_OVERRIDES = ("data", "data.backend", "ab.repeat")
 _ROWS = (  # (label, epoch key, scale, format)
     ("samples", "samples", 1.0, "{:.0f}"),
     ("epoch time s", "epoch_time_s", 1.0, "{:.2f}"),
@@ -96,13 +101,40 @@ def _natural(path: Path) -> list[Any]:
     return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", str(path))]
 
 
+def arm_overrides(overrides: Sequence[str]) -> dict[str, str]:
+    """A run's command-line overrides (Hydra's ``key=value`` strings) that define its arm: all but :data:`NOT_ARM_OVERRIDES`."""
+    pairs = (override.partition("=") for override in overrides)
+    return {key: value for key, _, value in pairs if key.lstrip("+~") not in NOT_ARM_OVERRIDES}
+
+
+def _varying(dicts: list[dict[str, Any]]) -> list[str]:
+    keys = sorted({k for d in dicts for k in d})
+    return [k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in dicts}) > 1]
+
+
 def _add_labels(summaries: list[dict[str, Any]]) -> None:
+    """Label each run with its arm: the backend, the overrides that differ between runs, then each recorded setting that differs
+    between runs those do not tell apart (``model=noop`` already tells ``model=NoOpModel``)."""
     metas = [{k: v for k, v in (s.get("meta") or {}).items() if k not in _NOT_ARM} for s in summaries]
-    keys = sorted({k for m in metas for k in m})
-    varying = [k for k in keys if len({json.dumps(m.get(k), sort_keys=True) for m in metas}) > 1]
-    for summary, meta in zip(summaries, metas):
-        parts = [str(summary.get("backend"))] + [f"{k}={meta.get(k)}" for k in varying]
-        summary.setdefault("label", " ".join(parts))
+    overrides = [arm_overrides((s.get("meta") or {}).get("overrides") or []) for s in summaries]
+    swept = _varying(overrides)
+    labels = [" ".join([str(s.get("backend"))] + [f"{k}={o.get(k)}" for k in swept]) for s, o in zip(summaries, overrides)]
+    for key in _varying(metas):
+        seen: dict[str, str] = {}
+        if any(seen.setdefault(label, json.dumps(m.get(key), sort_keys=True)) != json.dumps(m.get(key), sort_keys=True)
+               for label, m in zip(labels, metas)):
+            labels = [f"{label} {key}={m.get(key)}" for label, m in zip(labels, metas)]
+    for summary, label in zip(summaries, labels):
+        summary.setdefault("label", label)
+
+
+def grouping_line(summaries: Sequence[dict[str, Any]]) -> str:
+    """How the runs were grouped into arms (the line under the verdict in ``comparison.txt``)."""
+    grouped = arms(summaries)
+    recorded = any("overrides" in (s.get("meta") or {}) for s in summaries)
+    by = ("the backend and every override but the repeat (ab.repeat=) and the backend's (data=)" if recorded
+          else "the backend and the recorded settings (these runs recorded no overrides)")
+    return f"arms: runs grouped by {by}: {len(grouped)} arm(s) of " + ", ".join(f"{label} (n={len(r)})" for label, r in grouped.items())
 
 
 def arms(summaries: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -252,7 +284,7 @@ def comparison_table(summaries: Sequence[dict[str, Any]]) -> str:
             speedups.append("n/a" if not mine or not mine.median or ref_time is None else f"{ref_time.median / mine.median:.2f}x")
         rows.append([f"  speedup vs {REFERENCE_BACKEND}", *speedups])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [f"verdict: {line}" for line in verdict(summaries)] + [""]
+    lines = [f"verdict: {line}" for line in verdict(summaries)] + [grouping_line(summaries), ""]
     lines.append("  ".join([header[0].ljust(widths[0])] + [h.rjust(w) for h, w in zip(header[1:], widths[1:])]))
     lines.append("  ".join("-" * w for w in widths))
     for row in rows:
