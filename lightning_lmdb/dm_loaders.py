@@ -46,7 +46,8 @@ class LoadersMixin:
         sampler = ResumableSampler(dataset, shuffle=shuffle, seed=self.split_seed, drop_last=self.drop_last,
                                    before_epoch=self._before_epoch(),
                                    block_size=self._backend.block_size("train", dataset) if shuffle == "block" else None)
-        return ResumableDataLoader(dataset, sampler, progress=self._batches_processed, drop_last=self.drop_last, **settings)
+        # sampler by keyword: Lightning rebuilds the loader from these arguments with sampler= of its own (overfit_batches)
+        return ResumableDataLoader(dataset, sampler=sampler, progress=self._batches_processed, drop_last=self.drop_last, **settings)
 
     def _batches_processed(self) -> int | None:
         """Training batches of the current epoch the trainer has processed (None outside ``fit``)."""
