@@ -67,3 +67,62 @@ def test_a_loader_over_another_sampler_has_no_position(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="not applied.*SequentialSampler"):
         plain.load_state_dict(position)
     assert [b.tolist() for b in plain][0] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "raw"])
+def test_test_fraction_carves_a_deterministic_disjoint_test_share(tmp_path: Path, backend: str) -> None:
+    source = make_jpegs(tmp_path / "src", 20, size=8, classes=2)
+    dm = _module(source, tmp_path, val_fraction=0.2, test_fraction=0.25, backend=backend)
+    dm.prepare_data()
+    dm.setup(None)
+    parts = {split: dm.datasets[split].paths for split in ("train", "val", "test")}
+    assert {split: len(paths) for split, paths in parts.items()} == {"train": 11, "val": 4, "test": 5}
+    assert sorted(sum(parts.values(), [])) == sorted(str(p.relative_to(source)) for p in source.rglob("*.jpg")), "disjoint, complete"
+    alone = _module(source, tmp_path, val_fraction=0.2, test_fraction=0.25, backend=backend)
+    alone.setup("test")  # what eval.py does: the same share, without fit
+    assert alone.datasets["test"].paths == parts["test"] and "train" not in alone.datasets
+    without = _module(source, tmp_path, val_fraction=0.2, backend=backend)
+    without.setup("fit")
+    assert without.datasets["val"].paths == parts["val"], "the validation share does not move"
+    assert set(without.datasets["train"].paths) == set(parts["train"]) | set(parts["test"])
+    assert without.database_path("train") == dm.database_path("train"), "no database of its own"
+    assert len(list(dm.test_dataloader())) == 2
+
+
+def test_no_test_data_names_the_options(tmp_path: Path) -> None:
+    source = make_jpegs(tmp_path / "src", 8, size=8)
+    dm = _module(source, tmp_path, backend="raw")
+    dm.setup("test")  # lightning-hydra-template's trainer.test after fit, on a single folder
+    with pytest.raises(RuntimeError, match="No test data") as raised:
+        dm.test_dataloader()
+    message = str(raised.value)
+    assert "test_dir=" in message and "test_fraction=" in message and "split column" in message and "setup(" not in message
+    given = _module(source, tmp_path, backend="raw", test_fraction=0.25)
+    with pytest.raises(RuntimeError, match=r"call setup\('test'\) first"):
+        given.test_dataloader()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"test_fraction": 1.0}, r"test_fraction=1\.0 must be in \[0, 1\)"),
+    ({"test_fraction": True}, r"test_fraction=True must be in"),
+    ({"test_fraction": 0.2, "test_dir": "SRC"}, "either test_dir or test_fraction"),
+    ({"test_fraction": 0.5, "val_fraction": 0.5}, "must be below 1"),
+])
+def test_a_bad_test_fraction_is_refused(tmp_path: Path, kwargs: dict, message: str) -> None:
+    source = make_jpegs(tmp_path / "src", 4, size=8)
+    kwargs = {k: source if v == "SRC" else v for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=message):
+        _module(source, tmp_path, backend="raw", **kwargs)
+
+
+def test_the_configs_take_test_fraction(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    source = make_jpegs(tmp_path / "src", 8, size=8)
+    with initialize_config_dir(str(configs), version_base="1.3"):
+        default = compose("train", overrides=[f"data.train_dir={source}", f"paths.data_dir={tmp_path}"])
+        given = compose("train", overrides=[f"data.train_dir={source}", f"paths.data_dir={tmp_path}", "data.test_fraction=0.25"])
+    assert default.data.test_fraction == 0 and instantiate(default.data).test_fraction == 0.0
+    assert instantiate(given.data).test_fraction == 0.25
