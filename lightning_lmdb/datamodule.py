@@ -260,6 +260,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.build_options = build_options(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
                                            max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=manifest_given)
+        self._split_options: dict[str, BuildOptions] = {}  # split -> its build options, found once (split_options)
         self.decoder, self.decode_size, self.decode_device = decoder, decode_size, decode_device
         self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
         self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
@@ -296,7 +297,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         """
         if split in self.given_databases:
             return given_folder(self.dirs, split)
-        return self.cache_dir / database_name(given_folder(self.dirs, split), options or self.build_options, split)
+        return self.cache_dir / database_name(given_folder(self.dirs, split), options or self.split_options(split), split)
 
     def source_path(self, split: str) -> Path | Any:
         """The source of ``split`` as this module reads it: the folder, manifest or Dataset, or the folder a given database was built
@@ -328,12 +329,20 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
     # --- Lightning hooks -------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Build each missing or stale database (LMDB backend) and stage it to ``local_cache_dir``. Writes to disk only; sets no state."""
+        """Build each missing or stale database (LMDB backend) and stage it to ``local_cache_dir``. Writes to disk only; sets no state.
+
+        Raises:
+            SourceError: A val or test split with a class the training split lacks (:meth:`split_options`), before any build.
+        """
+        for split in self._backend.splits():
+            self.split_options(split)
         self._backend.prepare()
 
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
         silence_the_both_hooks_warning()
+        for split in self._backend.splits():  # a class the training split lacks is refused before anything is served
+            self.split_options(split)
         self._backend.after_barrier()
         for split in (s for s, folder in self.dirs.items() if folder is not None):  # mount first: not part of setup_s
             self._backend.served_path(split)
