@@ -188,7 +188,8 @@ class TargetsMixin:
         train = self._labels("train")
         if train.target_kind not in _CLASS_KINDS or not train.classes:
             return options
-        own = self._labels(split)
+        # a Dataset's classes only when known without reading its samples (its targets are its own: compared, never mapped)
+        own = sources.Labels(*datasource.classes(given, options.manifest), "class") if kind is datasource else self._labels(split)
         if own.target_kind not in _CLASS_KINDS or not own.classes or own.class_to_idx == train.class_to_idx:
             return options
         where = f"{split}_dir {self.hparams[f'{split}_dir']!r}"
@@ -203,10 +204,11 @@ class TargetsMixin:
         if kind not in (folder, manifest):  # a database's targets are stored, a Dataset's are its own: they cannot be mapped here
             moved = ", ".join(f"{name!r} is {k} there, {train.class_to_idx[name]} in training"
                               for name, k in own.class_to_idx.items() if train.class_to_idx[name] != k)
+            fix = (f"or rebuild it with them (lightning-lmdb build ... --classes {','.join(train.classes)})" if kind is None else
+                   f"or make its targets index train_dir's classes {train.classes!r}")
             raise SourceError(
                 f"{where} gives its classes other targets than train_dir ({moved}): its samples would be scored against the wrong "
-                "classes. Pass its source (a folder or manifest) instead, which is mapped through train_dir's classes, or rebuild it "
-                f"with them (lightning-lmdb build ... --classes {','.join(train.classes)})."
+                f"classes. Pass its source (a folder or manifest) instead, which is mapped through train_dir's classes, {fix}."
             )
         return options.replace(classes=tuple(train.classes))
 

@@ -247,6 +247,21 @@ def test_manifests_and_given_databases_are_mapped_or_refused(tmp_path: Path) -> 
     with pytest.raises(ValueError, match=r"'places' is 1 there, 2 in training.*--classes animals,food,places,sky"):
         given.setup("test")
 
+    class Folder(torch.utils.data.Dataset):  # e.g. torchvision's ImageFolder of the test folder: its targets index its own classes
+        classes = ["animals", "places"]
+
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int):
+            from PIL import Image
+
+            return Image.new("RGB", (8, 8)), i
+
+    dataset = _module(images / "train.csv", tmp_path, test_dir=Folder(), val_fraction=0, backend="raw")
+    with pytest.raises(ValueError, match=r"test_dir '<Dataset .*Folder of 2 samples>' gives its classes other targets.*'places' is 1"):
+        dataset.setup("test")
+
 
 def test_a_folder_scan_maps_its_class_folders_through_given_classes(tmp_path: Path) -> None:
     from lightning_lmdb.errors import SourceError
