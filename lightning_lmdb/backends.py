@@ -185,12 +185,12 @@ class TargetsMixin:
         kind = None if split in self.given_databases else sources.kind_of(given)
         if split == "train" or given is None or self.dirs["train"] is None or (kind is None and split not in self.given_databases):
             return options  # nothing to map, or nothing to map through, or (on_stale="ignore") no source to read
-        train = self._labels("train")
-        if train.target_kind not in _CLASS_KINDS or not train.classes:
-            return options
         # a Dataset's classes only when known without reading its samples (its targets are its own: compared, never mapped)
         own = sources.Labels(*datasource.classes(given, options.manifest), "class") if kind is datasource else self._labels(split)
-        if own.target_kind not in _CLASS_KINDS or not own.classes or own.class_to_idx == train.class_to_idx:
+        if own.target_kind not in _CLASS_KINDS or not own.classes:
+            return options
+        train = self._labels("train")
+        if train.target_kind not in _CLASS_KINDS or not train.classes or own.class_to_idx == train.class_to_idx:
             return options
         where = f"{split}_dir {self.hparams[f'{split}_dir']!r}"
         missing = [name for name in own.classes if name not in train.class_to_idx]
