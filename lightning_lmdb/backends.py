@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_lmdb import blockread, database, datasource, fsops, masks, netfs, sources
+from lightning_lmdb import blockread, database, datasource, folder, fsops, manifest, masks, netfs, sources
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset
 from lightning_lmdb.errors import CacheDirError, SourceError
 from lightning_lmdb.format import DatabaseError, Metadata
+from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.rawdataset import RawImageDataset, SampleReads, SourceDataset, mask_classes, read_samples, source_labels
 from lightning_lmdb.sources import SourceScan, scan_source
 from lightning_lmdb.staging import stage, staged_path
@@ -60,10 +61,14 @@ def recorded_root(given: Path) -> Path:
     return Path(database.load_meta(given).source.root)
 
 
-def _served_meta(dm: LMDBDataModule) -> tuple[str, Path | Any, Metadata | None, ModuleType | None]:
-    """``dm``'s first split and source, the metadata of the database it serves for it without reading the source (a given
-    database, or with ``on_stale="ignore"`` an existing one whose source is gone), and the source's kind."""
-    split, given = next((s, d) for s, d in dm.dirs.items() if d is not None)
+#: The target kinds whose targets index the classes: a val or test split's are mapped through the training split's classes.
+_CLASS_KINDS = ("class", "multilabel")
+
+
+def _served_meta(dm: LMDBDataModule, split: str | None = None) -> tuple[str, Path | Any, Metadata | None, ModuleType | None]:
+    """``split`` (default: ``dm``'s first) and its source, the metadata of the database served for it without reading the source (a
+    given database, or with ``on_stale="ignore"`` an existing one whose source is gone), and the source's kind."""
+    split, given = next((s, d) for s, d in dm.dirs.items() if d is not None and split in (None, s))
     if split in dm.given_databases:
         return split, given, database.load_meta(given), None
     kind = sources.kind_of(given)
@@ -77,8 +82,9 @@ def _meta_labels(meta: Metadata) -> sources.Labels:
 
 
 class TargetsMixin:
-    """``LMDBDataModule``'s classes and targets: its datasets' once set up; before, its first split's, read as cheaply as it allows
-    (a database's metadata, a folder's class folders, a manifest's rows)."""
+    """``LMDBDataModule``'s classes and targets: the training split's (else, without ``train_dir``, the first split's), its
+    dataset's once set up, before read as cheaply as it allows (a database's metadata, a folder's class folders, a manifest's
+    rows); and the build options of each split (:meth:`split_options`), which map val and test through training's classes."""
 
     @property
     def classes(self) -> list[str]:
@@ -124,8 +130,16 @@ class TargetsMixin:
         """The names of a regression target's K values (``[]`` for the other kinds)."""
         return list(self._target_table()[1])
 
+    def _reported(self: Any) -> Any:
+        """The dataset whose classes and targets the module reports: the training split's, else (no ``train_dir``) the first set
+        up; ``None`` when it is not set up (``setup("test")`` alone: the training split is read instead, as before ``setup``)."""
+        if "train" in self.datasets:
+            return self.datasets["train"]
+        return next(iter(self.datasets.values()), None) if self.dirs["train"] is None else None
+
     def _class_table(self: Any) -> tuple[list[str], dict[str, int]]:
-        for dataset in self.datasets.values():
+        dataset = self._reported()
+        if dataset is not None:
             return dataset.classes, dataset.class_to_idx
         labels = self._labels()
         if labels.target_kind == "mask" and not labels.classes:  # known from the masks: by the build, or by reading them
@@ -133,20 +147,70 @@ class TargetsMixin:
         return labels.classes, labels.class_to_idx
 
     def _target_table(self: Any) -> tuple[str, list[str]]:
-        for dataset in self.datasets.values():
+        dataset = self._reported()
+        if dataset is not None:
             return dataset.target_kind, dataset.target_names
         labels = self._labels()
         return labels.target_kind, labels.target_names
 
-    def _labels(self: Any) -> sources.Labels:
-        """The first split's labels before ``setup``: a database's metadata, else its source's (:func:`sources.labels_of`; a
-        Dataset's: :meth:`Backend.dataset_labels`)."""
-        split, given, meta, kind = _served_meta(self)
+    def _labels(self: Any, split: str | None = None) -> sources.Labels:
+        """The labels of ``split`` (default: the first split) read without its samples: a database's metadata, else its source's
+        (:func:`sources.labels_of`; a Dataset's: :meth:`Backend.dataset_labels`)."""
+        split, given, meta, kind = _served_meta(self, split)
         if meta is not None:
             return _meta_labels(meta)
         if kind is datasource:
             return self._backend.dataset_labels(split)
         return sources.labels_of(given, self.build_options.manifest) if kind is not None else sources.Labels([], {}, "none")
+
+    def split_options(self: Any, split: str) -> BuildOptions:
+        """The build options of ``split``'s database (and of the raw backend's scan of its source), found once.
+
+        The module's options, but for a val or test folder or manifest whose own classes would get other targets than the training
+        split's (e.g. a test folder lacking one of training's class folders: the folders after it would shift down): there
+        ``classes`` is the training split's classes, so both backends serve each sample of class ``"x"`` with training's target
+        of ``"x"``, and the database's name changes with the mapping (its cache key holds the classes). A split whose classes get
+        training's targets already keeps the module's options (and its database).
+
+        Raises:
+            SourceError: The split has a class the training split lacks; or it is a given database or a Dataset (whose targets are
+                its own) that maps its classes to other targets than training (each named, with the fixes).
+        """
+        if split not in self._split_options:
+            self._split_options[split] = self._mapped_options(split)
+        return self._split_options[split]
+
+    def _mapped_options(self: Any, split: str) -> BuildOptions:
+        options, given = self.build_options, self.dirs[split]
+        kind = None if split in self.given_databases else sources.kind_of(given)
+        if split == "train" or given is None or self.dirs["train"] is None or (kind is None and split not in self.given_databases):
+            return options  # nothing to map, or nothing to map through, or (on_stale="ignore") no source to read
+        # a Dataset's classes only when known without reading its samples (its targets are its own: compared, never mapped)
+        own = sources.Labels(*datasource.classes(given, options.manifest), "class") if kind is datasource else self._labels(split)
+        if own.target_kind not in _CLASS_KINDS or not own.classes:
+            return options
+        train = self._labels("train")
+        if train.target_kind not in _CLASS_KINDS or not train.classes or own.class_to_idx == train.class_to_idx:
+            return options
+        where = f"{split}_dir {self.hparams[f'{split}_dir']!r}"
+        missing = [name for name in own.classes if name not in train.class_to_idx]
+        if missing:
+            raise SourceError(
+                f"{where} has the class(es) {', '.join(map(repr, missing))}, which train_dir {self.hparams['train_dir']!r} lacks: "
+                f"a model trained on its {len(train.classes)} classes cannot predict them. Add training samples of them to train_dir, "
+                f"remove them from {split}_dir, or name every class in target order for all splits: manifest={{'classes': [...]}} "
+                "(Hydra: data.manifest.classes=[...])."
+            )
+        if kind not in (folder, manifest):  # a database's targets are stored, a Dataset's are its own: they cannot be mapped here
+            moved = ", ".join(f"{name!r} is {k} there, {train.class_to_idx[name]} in training"
+                              for name, k in own.class_to_idx.items() if train.class_to_idx[name] != k)
+            fix = (f"or rebuild it with them (lightning-lmdb build ... --classes {','.join(train.classes)})" if kind is None else
+                   f"or make its targets index train_dir's classes {train.classes!r}")
+            raise SourceError(
+                f"{where} gives its classes other targets than train_dir ({moved}): its samples would be scored against the wrong "
+                f"classes. Pass its source (a folder or manifest) instead, which is mapped through train_dir's classes, {fix}."
+            )
+        return options.replace(classes=tuple(train.classes))
 
 
 class Backend:
@@ -259,7 +323,7 @@ class LMDBBackend(Backend):
         node, nodes = self._node()
         with dm._timed("prepare_s"):
             for split, source in to_build.items():
-                target, options = dm.database_path(split), dm.build_options
+                target, options = dm.database_path(split), dm.split_options(split)
                 with writing_to(dm.cache_dir, "cache_dir"):
                     if not (dm.shared_filesystem and nodes > 1):
                         build_lmdb(source, target, options)
@@ -284,7 +348,7 @@ class LMDBBackend(Backend):
         """
         if self.dm.build_options.storage != "auto":
             return
-        old = self.dm.database_path(split, self.dm.build_options.replace(storage="encoded"))
+        old = self.dm.database_path(split, self.dm.split_options(split).replace(storage="encoded"))
         if old == built or not old.exists():
             return
         for path in (old, *fsops.build_files(old)):
@@ -371,7 +435,7 @@ class RawBackend(Backend):
         A Dataset source's samples are its own (:class:`~lightning_lmdb.rawdataset.SourceDataset`), with the targets of a
         current database, else of every sample read once here (:meth:`sample_reads`, whatever ``on_error``: the targets).
         """
-        dm, options = self.dm, self.dm.build_options
+        dm, options = self.dm, self.dm.split_options(split)
         if split in dm.given_databases:
             return self._open_given(split)
         folder, built = dm.source_path(split), dm.database_path(split)

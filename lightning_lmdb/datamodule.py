@@ -110,10 +110,16 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
             read, or (classes found only in its samples) every sample read once, kept for ``setup``
             (:meth:`backends.Backend.dataset_labels`).
         val_dir: Validation images (as ``train_dir``); or leave ``None`` and hold out ``val_fraction`` of ``train_dir``.
-        test_dir: Test images (as ``train_dir``; also used by ``predict_dataloader``).
+        test_dir: Test images (as ``train_dir``; also used by ``predict_dataloader``); or leave ``None`` and hold out
+            ``test_fraction`` of ``train_dir``.
         val_fraction: Share of ``train_dir`` held out for validation. ``None`` (the default) chooses:
             ``0.1`` without ``val_dir``, no split with one. ``0`` disables the split; a value ``> 0`` together
             with ``val_dir`` is an error.
+        test_fraction: Share of ``train_dir`` held out for testing (``0``, the default: none). Carved like ``val_fraction``, from
+            the same seeded permutation (:class:`~lightning_lmdb.views.Split`): deterministic, disjoint from the training
+            and validation samples, and the validation samples stay those of ``val_fraction`` alone. A value ``> 0``
+            together with ``test_dir`` is an error; a source with a split column ignores it, as it ignores ``val_fraction``.
+            It selects samples of the training database: no database is named or built differently for it.
         split_seed: Seed of that split and of the training order (epoch e shuffles with split_seed + e; the same on
             every rank and run, so a resumed run continues the same order).
         backend: ``"lmdb"`` or ``"raw"``.
@@ -201,6 +207,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         test_dir: str | os.PathLike[str] | Dataset | None = None,
         *,
         val_fraction: float | None = None,
+        test_fraction: float = 0.0,
         split_seed: int = 0,
         backend: Backend = "lmdb",
         cache_dir: str | os.PathLike[str] | None = None,
@@ -237,7 +244,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         super().__init__()
         check_choices(backend=backend, multiprocessing_context=multiprocessing_context, decoder=decoder, decode_device=decode_device,
                       shuffle=shuffle, decode_size=decode_size, finish_on_device=finish_on_device)
-        check_data((train_dir, val_dir, test_dir), val_fraction)
+        check_data((train_dir, val_dir, test_dir), val_fraction, test_fraction)
         check_loader(batch_size, image_size, prefetch_factor, num_workers)
         manifest_given = manifest_options(manifest)
         manifest = manifest_given.as_dict() or None  # plain values, like every hyper-parameter
@@ -252,10 +259,12 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         if val_fraction is None:
             val_fraction = DEFAULT_VAL_FRACTION if val_dir is None and train_dir is not None else 0.0
         self.val_fraction: float = float(val_fraction)
+        self.test_fraction: float = float(test_fraction)
         self.split_seed, self.backend = split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.build_options = build_options(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
                                            max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=manifest_given)
+        self._split_options: dict[str, BuildOptions] = {}  # split -> its build options, found once (split_options)
         self.decoder, self.decode_size, self.decode_device = decoder, decode_size, decode_device
         self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
         self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
@@ -292,7 +301,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         """
         if split in self.given_databases:
             return given_folder(self.dirs, split)
-        return self.cache_dir / database_name(given_folder(self.dirs, split), options or self.build_options, split)
+        return self.cache_dir / database_name(given_folder(self.dirs, split), options or self.split_options(split), split)
 
     def source_path(self, split: str) -> Path | Any:
         """The source of ``split`` as this module reads it: the folder, manifest or Dataset, or the folder a given database was built
@@ -324,12 +333,20 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
     # --- Lightning hooks -------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Build each missing or stale database (LMDB backend) and stage it to ``local_cache_dir``. Writes to disk only; sets no state."""
+        """Build each missing or stale database (LMDB backend) and stage it to ``local_cache_dir``. Writes to disk only; sets no state.
+
+        Raises:
+            SourceError: A val or test split with a class the training split lacks (:meth:`split_options`), before any build.
+        """
+        for split in self._backend.splits():
+            self.split_options(split)
         self._backend.prepare()
 
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
         silence_the_both_hooks_warning()
+        for split in self._backend.splits():  # a class the training split lacks is refused before anything is served
+            self.split_options(split)
         self._backend.after_barrier()
         for split in (s for s, folder in self.dirs.items() if folder is not None):  # mount first: not part of setup_s
             self._backend.served_path(split)
@@ -343,6 +360,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         evaluate = stage in (None, "fit", "validate") or (stage == "predict" and self.dirs["test"] is None)
         test = stage in (None, "test", "predict")
         if self.dirs["train"] is not None and (fit or (evaluate and self.val_fraction) or (test and self.dirs["test"] is None)):
+            transforms = {"train": self.train_transform, "val": self.eval_transform, "test": self.eval_transform}
             full = self._backend.open("train")
             parts = source_splits(full)
             if parts is not None:  # the source's split column decides; val_fraction does not apply
@@ -350,9 +368,12 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
                 for split, wanted in (("val", evaluate), ("test", test)):
                     if wanted and self.dirs[split] is None and len(parts[split]):
                         self.datasets[split] = full.view(parts[split], self.eval_transform)
-            elif self.val_fraction and (fit or evaluate):  # a seeded split: pickled as (seed, fraction, part), recomputed in each worker
-                train, val = full.split(self.val_fraction, self.split_seed, (self.train_transform, self.eval_transform))
-                self.datasets["val"] = val
+            elif self.val_fraction or self.test_fraction:  # seeded parts: pickled as (seed, fractions, part), recomputed in each worker
+                carved = full.parts(self.split_seed, self.val_fraction, self.test_fraction, transforms)
+                train = carved["train"]
+                for split, wanted in (("val", fit or evaluate), ("test", test)):
+                    if wanted and split in carved:
+                        self.datasets[split] = carved[split]
             else:
                 train = full.view(None, self.train_transform)
             if fit:

@@ -22,12 +22,14 @@ class LoadersMixin:
 
     # set by LMDBDataModule.__init__ / setup
     datasets: dict[str, Any]
+    dirs: dict[str, Any]
+    val_fraction: float
+    test_fraction: float
     trainer: Any
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         if split not in self.datasets:
-            how = {"train": "pass train_dir", "val": "pass val_dir or val_fraction", "test": "pass test_dir"}[split]
-            raise RuntimeError(f"No {split} data: {how} (Hydra: data.{split}_dir=...) and call setup() first.")
+            raise RuntimeError(self._no_data(split))
         workers = self.num_workers > 0
         settings: dict[str, Any] = dict(
             batch_size=self.batch_size,
@@ -46,7 +48,20 @@ class LoadersMixin:
         sampler = ResumableSampler(dataset, shuffle=shuffle, seed=self.split_seed, drop_last=self.drop_last,
                                    before_epoch=self._before_epoch(),
                                    block_size=self._backend.block_size("train", dataset) if shuffle == "block" else None)
-        return ResumableDataLoader(dataset, sampler, progress=self._batches_processed, drop_last=self.drop_last, **settings)
+        # sampler by keyword: Lightning rebuilds the loader from these arguments with sampler= of its own (overfit_batches)
+        return ResumableDataLoader(dataset, sampler=sampler, progress=self._batches_processed, drop_last=self.drop_last, **settings)
+
+    def _no_data(self, split: str) -> str:
+        """Why ``split`` has no dataset: not set up yet (its data is given), or no data given for it (the options that give it)."""
+        given = self.dirs[split] is not None or (split == "val" and self.val_fraction) or (split == "test" and self.test_fraction)
+        stage = {"train": "fit", "val": "validate", "test": "test"}[split]
+        if given:
+            return f"No {split} data yet: call setup({stage!r}) first (Lightning's Trainer calls it)."
+        if split == "train":
+            return "No train data: pass train_dir= (a folder, a manifest, a database or a Dataset; Hydra: data.train_dir=...)."
+        fraction = f"{split}_fraction=0.1 (Hydra: data.{split}_fraction=0.1) to hold out a share of train_dir"
+        column = f"or a manifest with a split column whose rows say {split!r}"
+        return f"No {split} data: pass {split}_dir= (Hydra: data.{split}_dir=...), {fraction}, {column}."
 
     def _batches_processed(self) -> int | None:
         """Training batches of the current epoch the trainer has processed (None outside ``fit``)."""

@@ -83,14 +83,30 @@ def check_choices(*, backend: Any, multiprocessing_context: Any, decoder: Any, d
                           "there; pass finish_on_device=True (Hydra: data.finish_on_device=true).")
 
 
-def check_data(dirs: tuple[Any, Any, Any], val_fraction: Any) -> None:
-    """Refuse no folder at all, a ``val_fraction`` out of ``[0, 1)``, or one ``> 0`` together with ``val_dir`` (``dirs[1]``)."""
-    number = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
-    if val_fraction is not None and not (number and 0 <= val_fraction < 1):
+def _fraction(value: Any) -> bool:
+    """Whether ``value`` is a number in ``[0, 1)`` (``bool`` is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
+
+
+def check_data(dirs: tuple[Any, Any, Any], val_fraction: Any, test_fraction: Any = 0.0) -> None:
+    """Refuse no folder at all, a ``val_fraction`` / ``test_fraction`` out of ``[0, 1)`` (or together 1 or more), or one ``> 0``
+    together with ``val_dir`` / ``test_dir`` (``dirs[1]`` / ``dirs[2]``), or ``test_fraction`` without ``train_dir``."""
+    if val_fraction is not None and not _fraction(val_fraction):
         raise OptionError(f"val_fraction={val_fraction!r} must be in [0, 1), or None for 0.1 without val_dir and no split with one.")
+    if not _fraction(test_fraction):
+        raise OptionError(f"test_fraction={test_fraction!r} must be in [0, 1) (0: no test share; {hydra_key('test_fraction')}).")
     if val_fraction and dirs[1] is not None:
         raise OptionError(f"Give either val_dir or val_fraction, not both (val_fraction={val_fraction!r}): pass val_fraction=0 or None"
                           " to validate on val_dir, or leave val_dir out to split train_dir.")
+    if test_fraction and dirs[2] is not None:
+        raise OptionError(f"Give either test_dir or test_fraction, not both (test_fraction={test_fraction!r}): pass test_fraction=0 to "
+                          "test on test_dir, or leave test_dir out to hold out a share of train_dir.")
+    if test_fraction and dirs[0] is None:
+        raise OptionError(f"test_fraction={test_fraction!r} holds out a share of train_dir, and none was given: pass train_dir, or "
+                          "test_dir with test_fraction=0.")
+    if test_fraction and (val_fraction or 0) + test_fraction >= 1:
+        raise OptionError(f"val_fraction={val_fraction!r} and test_fraction={test_fraction!r} hold out all of train_dir: their sum "
+                          "must be below 1.")
     if all(d is None for d in dirs):
         raise OptionError("No data: pass train_dir (and val_dir / test_dir or val_fraction).")
 
@@ -309,7 +325,7 @@ def source_splits(dataset: Any) -> dict[str, np.ndarray] | None:
         raise SourceError(f"The split column of the training source names the splits {names} but no row is in 'train'; the "
                           "DataModule trains on the rows whose split is 'train'. Fix the split column.")
     rank_zero_info(f"LMDBDataModule: the source's split column gives {len(parts['train'])} train, {len(parts['val'])} val and "
-                   f"{len(parts['test'])} test samples (val_fraction does not apply).")
+                   f"{len(parts['test'])} test samples (val_fraction and test_fraction do not apply).")
     return parts
 
 

@@ -17,6 +17,10 @@ a folder of masks (:func:`scan_pairs`), not an ImageFolder: every image below it
 relative path, and for each the mask in ``masks_dir`` whose relative path without its extension is the image's
 (``images/a/1.jpg`` with ``masks/a/1.png``). The options ``ignore_index``, ``num_classes`` and ``classes`` apply then
 (:mod:`lightning_lmdb.masks`). Without ``masks_dir``, a folder holding ``images/`` and ``masks/`` is an ImageFolder of two classes.
+
+**Given classes**: ``ManifestOptions(classes=[...])`` maps an ImageFolder's class folders through that list instead of their
+sorted names (``LMDBDataModule`` maps its val and test folders through the training folder's classes this way): every class
+folder must be among them, and a class without a folder has no samples.
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ def _no_options(folder: Path, options: ManifestOptions | None) -> None:
     if options is None or options.is_default():
         return
     paired = options.masks_dir is not None
-    given = ", ".join(f"{name}={value!r}" for name, value in options.as_dict().items() if not paired or name not in _MASK_OPTIONS)
+    allowed = _MASK_OPTIONS if paired else ("classes",)
+    given = ", ".join(f"{name}={value!r}" for name, value in options.as_dict().items() if name not in allowed)
     if given and paired:
         raise OptionError(f"{given}: these options read a manifest; {str(folder)!r} is an image folder paired with its masks "
                           f"(masks_dir=), which takes only {', '.join(_MASK_OPTIONS)}. Leave them unset.")
@@ -75,7 +80,7 @@ def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
     _no_options(source, options)
     if options is not None and options.masks_dir is not None:
         return scan_pairs(source, options)
-    return scan_folder(source)
+    return scan_folder(source, None if options is None else options.classes)
 
 
 def labels(folder: Path, options: ManifestOptions | None = None) -> Labels:
@@ -106,33 +111,58 @@ def classes(folder: Path, options: ManifestOptions | None = None) -> tuple[list[
     try:
         found, class_to_idx = find_classes(folder)
     except FileNotFoundError:  # a flat folder
-        return [], {}
+        found, class_to_idx = [], {}
+    if options is not None and options.classes is not None:
+        return _given_classes(folder, found, options.classes)
     return list(found), dict(class_to_idx)
 
 
-def scan_folder(source: str | os.PathLike[str]) -> SourceScan:
+def _given_classes(root: Path, found: list[str], given: tuple[str, ...] | list[str]) -> tuple[list[str], dict[str, int]]:
+    """``given`` as the classes of ``root``, whose class folders are ``found``.
+
+    Raises:
+        SourceError: A class folder that is not among ``given``, or a flat folder (no class folders to map).
+    """
+    if not found:
+        raise SourceError(f"classes={list(given)!r} names class folders, but {str(root)!r} has none (a flat folder): leave classes "
+                          "unset, or put the images in one subfolder per class.")
+    unknown = [name for name in found if name not in given]
+    if unknown:
+        raise SourceError(f"{str(root)!r} has the class folder(s) {', '.join(map(repr, unknown))}, which are not among the classes "
+                          f"{list(given)!r}: add them to classes=, or move their images out.")
+    return list(given), {name: k for k, name in enumerate(given)}
+
+
+def scan_folder(source: str | os.PathLike[str], classes: tuple[str, ...] | list[str] | None = None) -> SourceScan:
     """Scan ``source`` as ImageFolder would (or as a flat folder of images).
 
     Args:
         source: The folder to scan.
+        classes: The class names in index order (every class folder must be one); ``None``: the sorted class folders.
 
     Returns:
         The classes and the files in ImageFolder order.
 
     Raises:
         FileNotFoundError: ``source`` does not exist or is not a folder.
-        ValueError: ``source`` holds no image with one of ``IMG_EXTENSIONS``.
+        ValueError: ``source`` holds no image with one of ``IMG_EXTENSIONS``, or a class folder that is not among ``classes``.
     """
     root = Path(source).expanduser().resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"Source folder {str(source)!r} does not exist or is not a folder. Pass the folder that holds your images.")
     try:
-        classes, class_to_idx = find_classes(root)
+        found, class_to_idx = find_classes(root)
     except FileNotFoundError:
-        classes, class_to_idx = [], {}
+        found, class_to_idx = [], {}
+    folders = dict(class_to_idx)  # the class folders, each with its target
+    if classes is not None:
+        classes, class_to_idx = _given_classes(root, found, classes)
+        folders = {name: class_to_idx[name] for name in found}
+    else:
+        classes = found
     if classes:
         try:
-            samples = make_dataset(root, class_to_idx, IMG_EXTENSIONS)
+            samples = make_dataset(root, folders, IMG_EXTENSIONS)
         except FileNotFoundError as exc:
             raise SourceError(
                 f"{exc} in {str(root)!r}. ImageFolder refuses such a folder too: add images to each class folder "

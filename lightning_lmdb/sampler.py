@@ -34,7 +34,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from lightning_lmdb.errors import OptionError, ResumeError
 
@@ -208,18 +208,22 @@ def _at_epoch_boundary(state: dict[str, Any]) -> bool:
 class ResumableDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`ResumableSampler` that saves and restores its position in the epoch.
 
+    Lightning may rebuild it with a sampler of its own (``Trainer(overfit_batches=...)`` gives a ``SequentialSampler``):
+    the loader then serves that order and has no position (:meth:`state_dict` is ``{}``). It re-creates the loader from
+    the arguments of the first construction, with ``sampler=`` replaced, so pass ``sampler`` by keyword when you create one
+    in a ``*_dataloader`` hook.
+
     Args:
         dataset: The dataset.
-        sampler: Its :class:`ResumableSampler`.
+        sampler: Its :class:`ResumableSampler` (another sampler: no position to save or restore).
         progress: Batches of the current epoch the consumer has processed (e.g. the trainer's count), or
             ``None`` when it cannot tell; without it (or when it says ``None``) the loader counts the
             batches it has handed out.
         **kwargs: Any other ``DataLoader`` argument (``batch_size``, ``num_workers``, ...).
     """
 
-    def __init__(self, dataset: Dataset, sampler: ResumableSampler, progress: Callable[[], int | None] | None = None, **kwargs: Any):
-        if not isinstance(sampler, ResumableSampler):
-            raise TypeError(f"sampler must be a ResumableSampler, not {type(sampler).__name__}.")
+    def __init__(self, dataset: Dataset, sampler: ResumableSampler | Sampler, progress: Callable[[], int | None] | None = None,
+                 **kwargs: Any):
         if kwargs.get("batch_size") is None:
             raise ValueError("ResumableDataLoader needs a batch_size (its position is counted in batches).")
         super().__init__(dataset, sampler=sampler, **kwargs)
@@ -228,15 +232,18 @@ class ResumableDataLoader(DataLoader):
         self._handed_out = 0  # batches handed out by the current iteration
 
     def __iter__(self) -> Iterator[Any]:
-        sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
-        self._epoch_start, self._handed_out = sampler.start, 0
+        sampler = self.sampler
+        self._epoch_start, self._handed_out = sampler.start if isinstance(sampler, ResumableSampler) else 0, 0
         for batch in super().__iter__():
             self._handed_out += 1
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The position: the epoch and how many of this rank's samples of it were consumed, with what defines the order."""
-        sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
+        """The position: the epoch and how many of this rank's samples of it were consumed, with what defines the order (``{}``
+        over a sampler that is no :class:`ResumableSampler`)."""
+        sampler = self.sampler
+        if not isinstance(sampler, ResumableSampler):
+            return {}
         batches = self.progress() if self.progress is not None else None
         if batches is None:
             batches = self._epoch_start // self.batch_size + self._handed_out
@@ -269,7 +276,13 @@ class ResumableDataLoader(DataLoader):
                 shuffle, drop_last, (block shuffle) block size or window, or on another build of the database (named),
                 so "the samples that were next" are not defined here.
         """
-        sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
+        sampler = self.sampler
+        if not state:  # saved by a loader without a position
+            return
+        if not isinstance(sampler, ResumableSampler):
+            warnings.warn(f"The training loader's saved position is not applied: the loader now serves the order of a "
+                          f"{type(sampler).__name__} (e.g. Lightning's, for overfit_batches), which has no position.", stacklevel=2)
+            return
         if _at_epoch_boundary(state):  # nothing of that epoch left (or none taken): any split may follow
             sampler.resume(int(state["epoch"]), sampler.num_samples if int(state["consumed"]) else 0)
             return

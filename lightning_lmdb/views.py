@@ -30,25 +30,38 @@ def _index_dtype(size: int) -> type:
     return np.int32 if size < 2**31 else np.int64
 
 
+def _held_out(size: int, fraction: float) -> int:
+    """Samples a share ``fraction`` of ``size`` holds: at least one when ``fraction > 0``, none when it is 0."""
+    return max(1, round(size * fraction)) if fraction else 0
+
+
 @dataclass(frozen=True)
 class Split:
     """One part of a seeded random split: a few numbers that recompute the rows in any process.
 
+    One permutation of the samples is cut in three: its first ``fraction`` is ``"val"``, the next ``test_fraction`` is
+    ``"test"``, the rest is ``"train"``. So the parts are disjoint, and the validation part is the same with or without a
+    test part (the test part comes out of training's share).
+
     Attributes:
         seed: Seed of the permutation (``torch.randperm``), the same on every rank and run.
-        fraction: Share of the samples held out as ``"val"`` (at least one sample).
-        part: ``"train"`` (the rest) or ``"val"``.
+        fraction: Share of the samples held out as ``"val"`` (at least one sample when ``> 0``).
+        part: ``"train"`` (the rest), ``"val"`` or ``"test"``.
+        test_fraction: Share of the samples held out as ``"test"`` (at least one sample when ``> 0``).
     """
 
     seed: int
     fraction: float
     part: str
+    test_fraction: float = 0.0
 
     def rows(self, size: int) -> np.ndarray:
         """The sorted positions (into ``range(size)``) of this part."""
         order = torch.randperm(size, generator=torch.Generator().manual_seed(self.seed)).numpy()
-        n_val = max(1, round(size * self.fraction))
-        return np.sort(order[:n_val] if self.part == "val" else order[n_val:]).astype(_index_dtype(size))
+        n_val = _held_out(size, self.fraction)
+        n_test = _held_out(size, self.test_fraction)
+        part = {"val": order[:n_val], "test": order[n_val:n_val + n_test]}.get(self.part, order[n_val + n_test:])
+        return np.sort(part).astype(_index_dtype(size))
 
 
 class RowView:
@@ -113,8 +126,25 @@ class RowView:
         """
         if not 0.0 < fraction < 1.0:
             raise OptionError(f"fraction={fraction} must be in (0, 1).")
-        return (self._with_step(Split(seed, fraction, "train"), transforms[0]),
-                self._with_step(Split(seed, fraction, "val"), transforms[1]))
+        parts = self.parts(seed, fraction, 0.0, {"train": transforms[0], "val": transforms[1]})
+        return parts["train"], parts["val"]
+
+    def parts(self: _View, seed: int, val_fraction: float, test_fraction: float,
+              transforms: dict[str, Callable[[Any], Any] | None]) -> dict[str, _View]:
+        """The seeded parts ``"train"``, ``"val"`` (when ``val_fraction > 0``) and ``"test"`` (when ``test_fraction > 0``) of this
+        dataset (:class:`Split`: disjoint, each held-out part at least one sample), with the transform ``transforms`` gives each.
+
+        Raises:
+            OptionError: A fraction out of ``[0, 1)``, or a test part that leaves no sample to train on.
+        """
+        for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if not 0.0 <= value < 1.0:
+                raise OptionError(f"{name}={value} must be in [0, 1).")
+        if test_fraction and _held_out(len(self), val_fraction) + _held_out(len(self), test_fraction) >= len(self):
+            raise OptionError(f"val_fraction={val_fraction} and test_fraction={test_fraction} of {len(self)} samples leave none to train "
+                              "on: lower them, or pass val_dir / test_dir.")
+        wanted = ("train", *(["val"] if val_fraction else []), *(["test"] if test_fraction else []))
+        return {part: self._with_step(Split(seed, val_fraction, part, test_fraction), transforms.get(part)) for part in wanted}
 
     def __len__(self) -> int:
         rows = self._view_rows()
