@@ -163,7 +163,7 @@ class _Writer:
         self._rename()
         if skipped:
             log.warning("Skipped %s while building %s:\n%s", _plural(len(skipped), "bad file"), self.target,
-                        "\n".join(f"  {s['path']}: {s['reason']}" for s in skipped))
+                        "\n".join(f"  {_shown(s['path'])}: {s['reason']}" for s in skipped))
         return BuildReport(self.target, action, self.written, count, [fmt.Skipped(s["path"], s["reason"]) for s in skipped])
 
     def _rename(self) -> None:
@@ -454,3 +454,8 @@ def _write_growing(env: lmdb.Environment, write: Any) -> None:
         except lmdb.MapFullError:
             env.set_mapsize(env.info()["map_size"] * 2)
 
+
+def _shown(path: str) -> str:
+    """A path as a log line shows it: as it is, or quoted with escapes when it holds a NUL, a control character or a lone
+    surrogate (which no UTF-8 log handler can write)."""
+    return path if path.isprintable() else repr(path)

@@ -164,8 +164,9 @@ def test_one_image_written_two_ways_is_listed_twice(images: Path, fmt: str):
     assert f"line {line(fmt, 2)} lists it already (as {str(root) + '/./sub/c.png'!r})" in got["sub/c.png"]
 
 
+# ids of their own: a lone surrogate in a test id cannot travel to pytest-xdist's controller (a worker crash)
 @pytest.mark.parametrize(("fmt", "path", "why"), [("csv", "a\0b.png", "holds a NUL character"),
-                                                  ("jsonl", "a\ud800.png", "is not valid Unicode text")])
+                                                  ("jsonl", "a\ud800.png", "is not valid Unicode text")], ids=["nul", "surrogate"])
 def test_a_path_that_cannot_be_a_file_name_is_a_row_error(images: Path, fmt: str, path: str, why: str):
     rows = [{"path": "a.png", "label": "cat"}, {"path": path, "label": "dog"}, {"path": "b.jpg", "label": "dog"}]
     result = scan(write_manifest(images / f"m.{fmt}", rows))

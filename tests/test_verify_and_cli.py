@@ -158,7 +158,8 @@ def test_file_names_that_are_not_utf8(tmp_path: Path) -> None:
     assert b"(c0/\xff\xfe_latin1.png): differs from the source file" in result.stdout, "the name prints as its original bytes"
 
 
-def test_cli_build_of_a_manifest_path_that_cannot_be_a_file_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_build_of_a_manifest_path_that_cannot_be_a_file_name(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     source = make_jpegs(tmp_path / "src", 2, size=8)
     manifest = source / "m.csv"  # a NUL: no file name can hold it (os.stat raised ValueError, the CLI a traceback)
     manifest.write_text('path\nc0/img_00000.jpg\n"x\0.jpg"\nc1/img_00001.jpg\n', encoding="utf-8")
@@ -173,6 +174,8 @@ def test_cli_build_of_a_manifest_path_that_cannot_be_a_file_name(tmp_path: Path,
     report = writer.build(jsonl, tmp_path / "j.lmdb", workers=0, progress=False, on_error="skip")
     assert report.count == 1 and [s.reason for s in report.skipped] == [
         "m.jsonl line 2: 'x\\ud800.jpg' cannot be a file name (it is not valid Unicode text); fix the path"]
+    summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skipped 1 bad file")][-1]
+    assert "  'x\\ud800.jpg': " in summary and summary.encode("utf-8"), "the summary escapes the path: a UTF-8 log handler can write it"
 
 
 # --- the CLI: --version, and expected failures as one line ------------------------------------------
