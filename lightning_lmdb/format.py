@@ -19,7 +19,8 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
 
 * Key ``meta`` of the main database: the **header**, small UTF-8 JSON (never pickle) whatever the
   number of records: ``format`` (``"lightning_lmdb"``), ``version`` (2 or 3), ``count``, ``storage``,
-  ``classes``, ``class_to_idx``, ``checksum`` (the per-record digest algorithm, ``blake2b-64``),
+  ``classes``, ``class_to_idx``, ``checksum`` (the per-record checksum's algorithm: ``crc32-len``, or ``blake2b-64``
+  in databases written before it),
   ``source`` (``root``, ``num_files``, ``bytes``, ``fingerprint`` over paths, targets, sizes and
   mtimes), ``target_kind`` (``class``, ``none``, ``multilabel``, ``regression`` or ``mask``; absent from older files:
   ``class`` with classes, else ``none``), ``target_names`` (version 3, regression: the K names), ``split_names`` (version 3,
@@ -40,7 +41,10 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
     ``labels[offsets[i]:offsets[i+1]]``;
   - ``meta/values`` (version 3, ``regression``): ``float32``, K per record;
   - ``meta/splits`` (version 3, with ``split_names``): ``uint8`` per record, its split's index in ``split_names``;
-  - ``meta/checksums``: 8 raw bytes per record, the ``blake2b-64`` digest of its value;
+  - ``meta/checksums``: 8 raw bytes per record, the checksum of its value under the header's ``checksum``
+    (:func:`checksum`): ``crc32-len``, the value's CRC-32 then its length (each a little-endian ``uint32``; written since
+    the change from ``blake2b-64``, which was ~5x slower to compute); ``blake2b-64``, the value's 8-byte BLAKE2b digest
+    (older databases: read and checked with it, never converted);
   - ``meta/paths``: the records' relative source paths, UTF-8 (undecodable bytes of a file name kept
     with ``surrogateescape``), concatenated;
   - ``meta/path-offsets``: ``int64`` per record plus one: path ``i`` is ``paths[offsets[i]:offsets[i+1]]``;
@@ -54,10 +58,13 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
   each record) to notice a file replaced since a dataset was created, without parsing anything.
 
 Opening reads and checks the header (its digest; every field's presence and type, a wrong one is a
-:class:`DatabaseError` naming it) and the targets (digest and length): a few MB at ImageNet size, no
-Python object per record. Paths and checksums are read, and their digests checked, only by those who
-need them (``verify``, error messages, ``dataset.paths``). LMDB does not checksum its pages: these
-digests are what turns a flipped byte in a label into an error instead of a wrong label.
+:class:`DatabaseError` naming it), the targets and the checksums (digest and length): a few MB at ImageNet size
+(10 MB of checksums for 1.28M records), no Python object per record. Paths are read, and their digests checked, only by
+those who need them (``verify``, error messages, ``dataset.paths``). LMDB does not checksum its pages: these
+digests are what turns a flipped byte in a label into an error instead of a wrong label, and the per-record checksums
+what turns a flipped bit in a record into an error instead of wrong pixels: every record a dataset reads is checked
+against its checksum before it is decoded (a ``zstd pixels`` record relies on its frame's own content checksum instead,
+its header checked against the frame's content size), and a mismatch is a :class:`DatabaseError` naming the record.
 
 The header, its digest, the arrays and ``build-id`` are written in the same final transaction that
 completes the build: a file with no ``meta`` key is not a finished database.
@@ -73,8 +80,10 @@ While building
 
 Key ``progress`` of the main database exists only while building: JSON with the number of source
 files consumed, a fingerprint of that prefix of the scan, the options and the files skipped so far.
-A rerun after a crash resumes from it. The named sub-database ``checksums`` (record key to its 8-byte
-digest, 1-byte record codec and, for a packed ``Dataset``, the record's target as JSON) exists only then.
+A rerun after a crash resumes from it; it names the checksum algorithm of its entries (``checksum``; absent:
+``blake2b-64``, a build begun before ``crc32-len``, whose entries a resume recomputes once). The named sub-database
+``checksums`` (record key to its 8-byte checksum, 1-byte record codec and, for a packed ``Dataset``, the record's target as
+JSON) exists only then.
 
 Beside ``X.lmdb`` while building: ``X.lmdb.partial`` (renamed onto ``X.lmdb`` when complete),
 ``X.lmdb.partial-lock`` (LMDB's writer lock) and ``X.lmdb.build-lock`` (one build at a time); their names and
@@ -88,6 +97,8 @@ import hashlib
 import json
 import os
 import uuid
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +136,10 @@ BUILD_ID_KEY = b"build-id"
 PROGRESS_KEY = b"progress"
 CHECKSUMS_DB = b"checksums"
 KEY_WIDTH = 10
-CHECKSUM_ALGO = "blake2b-64"
+#: The per-record checksum new builds write (the header's ``checksum`` names it): CRC-32 and the length (see :func:`checksum`).
+CHECKSUM_ALGO = "crc32-len"
+#: The per-record checksum of databases written before ``crc32-len``: still read, and checked with it.
+LEGACY_CHECKSUM_ALGO = "blake2b-64"
 CHECKSUM_SIZE = 8
 #: The per-record arrays of format 2: name -> (key, numpy dtype, items per record, extra items).
 ARRAYS: dict[str, tuple[bytes, str, int, int]] = {
@@ -153,13 +167,37 @@ def record_key(index: int) -> bytes:
     return b"%0*d" % (KEY_WIDTH, index)
 
 
-def checksum(value: bytes | memoryview) -> bytes:
-    """The digest stored per record (:data:`CHECKSUM_SIZE` raw bytes)."""
-    return hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest()
+def _crc32_len(value: bytes | memoryview) -> int:
+    return zlib.crc32(value) | (len(value) & 0xFFFFFFFF) << 32
+
+
+def _blake2b_64(value: bytes | memoryview) -> int:
+    return int.from_bytes(hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest(), "little")
+
+
+#: Every per-record checksum algorithm, by the name the header's ``checksum`` field gives: ``value -> int``, the
+#: :data:`CHECKSUM_SIZE` stored bytes read as a little-endian ``uint64`` (what :func:`checksum_table` holds per record).
+CHECKSUMS: dict[str, Callable[[bytes | memoryview], int]] = {CHECKSUM_ALGO: _crc32_len, LEGACY_CHECKSUM_ALGO: _blake2b_64}
+
+
+def checksum(value: bytes | memoryview, algorithm: str = CHECKSUM_ALGO) -> bytes:
+    """The :data:`CHECKSUM_SIZE` bytes stored for a record value under ``algorithm`` (:data:`CHECKSUMS`).
+
+    ``crc32-len`` (what builds write now): the value's CRC-32 (``zlib.crc32``) as a
+    little-endian ``uint32``, then its length modulo 2**32 as a little-endian ``uint32`` -- a truncated or extended value
+    is caught by its length whatever its CRC. ``blake2b-64`` (older databases): the value's 8-byte BLAKE2b digest.
+    """
+    return CHECKSUMS[algorithm](value).to_bytes(CHECKSUM_SIZE, "little")
+
+
+def checksum_table(checksums: np.ndarray) -> np.ndarray:
+    """A ``count x 8`` checksums array as ``count`` little-endian ``uint64`` (the ints :data:`CHECKSUMS` computes), no copy."""
+    return np.ascontiguousarray(checksums, dtype=np.uint8).reshape(-1, CHECKSUM_SIZE).view("<u8").reshape(-1)
 
 
 def progress_entry(value: bytes | memoryview, codec: int) -> bytes:
-    """A record's entry in the ``checksums`` sub-database while building: its digest, then its record codec's id (one byte)."""
+    """A record's entry in the ``checksums`` sub-database while building: its checksum (:data:`CHECKSUM_ALGO`), then its record
+    codec's id (one byte)."""
     return checksum(value) + bytes((codec,))
 
 
@@ -231,10 +269,11 @@ class Metadata:
 
     Read it with :func:`read_meta` and by attribute. ``targets`` and ``codecs`` are always there (read-only
     ``int32`` and ``uint8`` arrays; ``codecs`` of an older database is its storage's one codec), and so are the typed
-    targets of its kind (``labels`` / ``label_offsets``, ``values``) and ``splits``; ``paths`` (a :class:`PathTable`) and
-    ``checksums`` (``count x 8`` bytes) are ``None`` unless asked for (``read_meta(..., arrays=True)``; version 1
-    databases always carry them). :meth:`target_table` gives the targets as a dataset serves them. A ``mask`` database
-    has ``ignore_index`` (else ``None``) and, with ``arrays=True``, ``mask_paths`` (a :class:`PathTable`, else ``None``).
+    targets of its kind (``labels`` / ``label_offsets``, ``values``), ``splits`` and ``checksums`` (``count x 8`` read-only
+    bytes, under the algorithm ``checksum`` names); ``paths`` (a :class:`PathTable`) is ``None`` unless asked for
+    (``read_meta(..., arrays=True)``; version 1 databases always carry them). :meth:`target_table` gives the targets as a
+    dataset serves them. A ``mask`` database has ``ignore_index`` (else ``None``) and, with ``arrays=True``, ``mask_paths``
+    (a :class:`PathTable`, else ``None``).
     """
 
     version: int
@@ -307,7 +346,7 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
     Args:
         env: The open environment.
         path: How to name the database in errors.
-        arrays: Also read (and check) the paths and checksums.
+        arrays: Also read (and check) the paths (the checksums are always read: every record read is checked against them).
 
     Raises:
         DatabaseError: No metadata (incomplete or foreign), unreadable JSON, a newer format version, a
@@ -334,14 +373,14 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
         read = _ArrayReader(txn, path, count, digests)
         targets = read("targets")
         codecs = read("codecs") if "codecs" in digests else None
-        paths = checksums = None
+        checksums = read("checksums").reshape(count, CHECKSUM_SIZE)  # every record read is checked against it
+        paths = None
         if arrays:
             offsets = read("path_offsets")
             blob = read("paths")
             if offsets[0] != 0 or offsets[-1] != len(blob) or np.any(np.diff(offsets) < 0):
                 raise DatabaseError(f"Path offsets of {str(path)!r} do not index its path blob: the database is damaged; rebuild it.")
             paths = PathTable(blob, offsets)
-            checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
         meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs)
         meta = dataclasses.replace(meta, **read_typed(get, read, meta, arrays=arrays))
         if "shard" in obj:
@@ -380,6 +419,11 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
     elif len(codecs) and int(codecs.max()) >= len(_codec.RECORD_CODECS):
         get.fail("codecs", f"holds record codec {int(codecs.max())}, unknown here (a newer lightning_lmdb built it: upgrade)")
     codecs.flags.writeable = False
+    algorithm = get("checksum", str)
+    if algorithm not in CHECKSUMS:
+        get.fail("checksum", f"is {algorithm!r}, not one of {tuple(CHECKSUMS)} (a newer lightning_lmdb built it: upgrade)")
+    if checksums is not None:
+        checksums.flags.writeable = False
     source = JsonFields(get("source", dict), get.path, "source.")
     skipped = []
     for i, item in enumerate(get("skipped", list)):
@@ -392,7 +436,7 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
         storage=storage,
         classes=get.list_of("classes", str),
         class_to_idx=get.dict_of("class_to_idx", int),
-        checksum=get("checksum", str),
+        checksum=algorithm,
         source=SourceInfo(source("root", str), source("num_files", int), source("bytes", int), source("fingerprint", str)),
         options=get("options", dict),
         skipped=skipped,
