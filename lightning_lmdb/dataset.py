@@ -491,6 +491,7 @@ class LMDBImageDataset(_ImageDataset):
         except fmt.DatabaseError:  # the paths are damaged too
             name = f"{self.path}[{row}]"
         shard = f" (in its shard {self._files[part]!r})" if self.sharded else ""
+        why = why.rstrip(".").removesuffix(": the database is damaged")
         return fmt.DatabaseError(
             f"Record {name}{shard} is damaged: {why}. It is not served. Check the whole database with "
             f"`lightning-lmdb verify {shlex.quote(self.path)}`, then rebuild it (or copy or stage it again)."
