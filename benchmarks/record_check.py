@@ -4,16 +4,18 @@ Usage:
     python benchmarks/record_check.py                                   # 1,000 photos, 500 PNGs, 3 rounds
     python benchmarks/record_check.py --photos 2000 --pngs 0 --rounds 5
 
-Two rows of ``benchmarks/peers.py``, each measured exactly as there (:func:`peers.measure`: a fresh process, 2 DataLoader
-workers, batches of 256, a cold pass then warm passes, the median warm pass its figure), with the check on and off:
+Two rows of ``benchmarks/peers.py``, each loader made as there (:func:`peers.make_loader`: 2 DataLoader workers, batches of
+256, shuffled, the batches finished as ``float32`` in the training process), with the check on and off:
 
 * the default row (``storage="auto"``, the ``auto`` decoder, ``decode_size`` 73): JPEG records checked (``crc32-len``), zstd
   pixel records relying on their frame's checksum;
 * ``storage="decoded"`` (raw pixels: no decode to hide the check; every record checked).
 
-Off is :data:`lightning_lmdb.dataset.CHECK_RECORDS` set to ``False`` in the measuring process (its forked workers inherit it):
-a benchmark-only switch. Each round measures on and off back to back, in alternating order (this machine is shared and
-noisy), and the report gives each round's ratio (on / off) and their median. Also, per store, a single-process figure: the
+Off is :data:`lightning_lmdb.dataset.CHECK_RECORDS` set to ``False`` in the measuring process when the loader's persistent
+workers fork (they keep it): a benchmark-only switch. Each round is a fresh process holding both loaders, whose warm
+passes alternate on, off, off, on, ... (``--warm-passes`` of each; this machine is shared and noisy, and drifts between
+processes); a round's ratio is its median pass on over its median pass off (throughput), and the report gives each round's
+and their median. Also, per store, a single-process figure: the
 time of ``ds[i]`` over every record, on and off alternating pass by pass (no DataLoader), and ``zlib.crc32``'s own time over
 the records' bytes. Writes ``record_check.json`` and ``record_check.md`` into ``--out``.
 """
@@ -39,12 +41,38 @@ ROWS = [("default: auto, decode_size", {"storage": "auto", "decoder": "auto", "d
         ("decoded storage", {"storage": "decoded", "decoder": "auto"})]
 
 
+def _pass(loader: Any) -> float:
+    """Samples/s of one pass of ``loader``, each batch finished as ``float32`` (as :func:`peers.measure` does)."""
+    import torch
+
+    from lightning_lmdb.transforms import finish_batch
+
+    count, started = 0, time.perf_counter()
+    for images, _ in loader:
+        if images.dtype == torch.uint8:
+            images = finish_batch(images)
+        count += len(images)
+    return count / (time.perf_counter() - started)
+
+
 def _child(payload: dict[str, Any]) -> None:
+    """One round: a loader with the check on and one with it off (each :func:`peers.make_loader`'s, persistent workers forked
+    with the switch set), then their warm passes alternated on, off, off, on, ..."""
+    import torch
+
     from lightning_lmdb import dataset
 
-    dataset.CHECK_RECORDS = payload["check"]
-    result = peers.measure("lmdb", payload["options"], payload["store"], payload["workers"], payload["batch_size"], payload["warm_passes"])
-    print(json.dumps(result), flush=True)
+    torch.set_num_threads(1)
+    loaders = {}
+    for check in (True, False):
+        dataset.CHECK_RECORDS = check  # the workers fork at the first pass and keep it
+        loaders[check] = peers.make_loader("lmdb", payload["options"], payload["store"], payload["workers"], payload["batch_size"])
+        _pass(loaders[check])  # starts the workers, warms the page cache
+    passes: dict[bool, list[float]] = {True: [], False: []}
+    for p in range(2 * payload["warm_passes"]):
+        check = p % 4 in (0, 3)
+        passes[check].append(_pass(loaders[check]))
+    print(json.dumps({"on": statistics.median(passes[True]), "off": statistics.median(passes[False]), "passes": passes}), flush=True)
 
 
 def _measure(payload: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--warm-passes", type=int, default=3)
+    parser.add_argument("--warm-passes", type=int, default=4, help="warm passes of each loader per round")
     parser.add_argument("--passes", type=int, default=5, help="single-process passes with the check on (and as many off)")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/lightning_lmdb_record_check"))
     parser.add_argument("--out", type=Path, default=HERE.parent / "results")
@@ -126,12 +154,10 @@ def main(argv: list[str] | None = None) -> None:
             store = peers._store(path, [str(path)], None)
             rounds = []
             for round_ in range(args.rounds):
-                got = {}
-                for check in ((True, False) if round_ % 2 == 0 else (False, True)):
-                    payload = {"label": label, "options": options, "store": store, "workers": args.workers, "batch_size": args.batch_size,
-                               "warm_passes": args.warm_passes, "check": check}
-                    got[check] = _measure(payload)
-                rounds.append({"on": got[True]["warm"], "off": got[False]["warm"], "ratio": got[True]["warm"] / got[False]["warm"]})
+                payload = {"label": label, "options": options, "store": store, "workers": args.workers, "batch_size": args.batch_size,
+                           "warm_passes": args.warm_passes}
+                got = _measure(payload)
+                rounds.append({"on": got["on"], "off": got["off"], "ratio": got["on"] / got["off"]})
                 print(f"{folder} {label:28s} round {round_}: on {rounds[-1]['on']:7.0f}/s  off {rounds[-1]['off']:7.0f}/s  "
                       f"ratio {rounds[-1]['ratio']:.3f}", flush=True)
             single = in_process(str(path), options, args.passes)
