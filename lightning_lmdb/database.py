@@ -232,7 +232,7 @@ def load_meta(path: str | os.PathLike[str], *, arrays: bool = False) -> fmt.Meta
 
     Args:
         path: A database file or a sharded database folder.
-        arrays: Also read the paths (the checksums are always read).
+        arrays: Also read the paths and checksums.
 
     Raises:
         FileNotFoundError: Nothing at ``path``.
@@ -285,7 +285,7 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
         build_id=manifest.build_id,
         targets=np.concatenate([m.targets for m in metas]),
         codecs=np.concatenate([m.codecs for m in metas]),
-        checksums=np.concatenate([m.checksums for m in metas]),  # each shard's under its own algorithm (Part.checksum)
+        read_checks=np.concatenate([m.read_checks for m in metas]),  # each shard's under its own algorithm (Part.checksum)
         shard=None,
     )
     if joined.target_kind in ("multilabel", "regression", "mask"):
@@ -294,11 +294,11 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
                          values=None if table.values is None else table.values.reshape(-1))
     if joined.split_names:
         joined = replace(joined, splits=np.concatenate([m.splits for m in metas]))  # type: ignore[misc]
-    for array in (joined.targets, joined.codecs, joined.checksums, joined.labels, joined.label_offsets, joined.values, joined.splits):
+    for array in (joined.targets, joined.codecs, joined.read_checks, joined.labels, joined.label_offsets, joined.values, joined.splits):
         if array is not None:
             array.flags.writeable = False
     if arrays:
-        joined = replace(joined, paths=_joined_paths([m.paths for m in metas]),
+        joined = replace(joined, paths=_joined_paths([m.paths for m in metas]), checksums=np.concatenate([m.checksums for m in metas]),
                          mask_paths=None if joined.mask_paths is None else _joined_paths([m.mask_paths for m in metas]))
     return joined
 

@@ -26,8 +26,9 @@ Per-process cost that does not grow with the dataset (measured at ImageNet's 1,2
   decode (``crc32-len``: ``zlib.crc32``, ~25 us per 100 KB; an older database's ``blake2b-64``), but a ``zstd pixels``
   record, whose frame carries its own content checksum (its header is checked against the frame's content size): a
   damaged record raises :class:`~lightning_lmdb.errors.DatabaseError` naming it, its source file and what to do, and is
-  never served. Block reads only warm the page cache: their records are checked here too. The checksums are one
-  read-only ``uint64`` array (8 bytes a record, 10 MB at ImageNet size) read with the targets, shared by forked workers.
+  never served. Block reads only warm the page cache: their records are checked here too. What a read compares is one
+  read-only ``uint32`` array (the stored checksums' first 4 bytes: the CRC-32; 5 MB at ImageNet size,
+  :func:`lightning_lmdb.format.read_check_table`), read with the targets, shared by forked workers.
 * A pickled :class:`LMDBImageDataset` (what a ``spawn`` / ``forkserver`` worker receives) holds the
   database path and the steps of its view (:mod:`lightning_lmdb.views`), not a row list; each process
   reads the targets back from the database (a few MB, checked against their digest).
@@ -322,8 +323,8 @@ class LMDBImageDataset(_ImageDataset):
         self.build_id: str = parts[0].build_id if single else str(meta.build_id)
         self.storage: str = meta.storage
         self._codecs: np.ndarray | None = meta.codecs  # each record's codec (codec.RECORD_CODECS), one byte a record
-        self._checksums: np.ndarray | None = fmt.checksum_table(meta.checksums)  # each record's checksum, a uint64 (no copy)
-        self._part_checksums = [part.checksum for part in parts]  # each file's checksum algorithm (fmt.CHECKSUMS)
+        self._checksums: np.ndarray | None = meta.read_checks  # what each record's read compares, a uint32 (fmt.read_check_table)
+        self._part_checksums = [part.checksum for part in parts]  # each file's checksum algorithm (fmt.READ_CHECKS)
         self.format_version: int = meta.version
         self._targets: TargetTable | None = meta.target_table()
         self._paths: fmt.PathTable | None = meta.paths  # version 1 carries them; version 2 reads them on demand
@@ -400,7 +401,7 @@ class LMDBImageDataset(_ImageDataset):
     def _read_arrays(self) -> None:
         """The per-record arrays every sample needs (targets, codecs, checksums), read back once in this process."""
         meta = self._read_meta()
-        self._targets, self._codecs, self._checksums = meta.target_table(), meta.codecs, fmt.checksum_table(meta.checksums)
+        self._targets, self._codecs, self._checksums = meta.target_table(), meta.codecs, meta.read_checks
 
     def _path_table(self) -> fmt.PathTable:
         if self._paths is None:
@@ -448,7 +449,7 @@ class LMDBImageDataset(_ImageDataset):
         # Every record is checked before it is decoded (or deferred), but one whose decode checks it whole (zstd pixels);
         # a mask database's records always (their length field and mask header are outside the image's frame).
         checked = CHECK_RECORDS and (self.target_kind == "mask" or not kind.self_checked)
-        check = fmt.CHECKSUMS[self._part_checksums[part]] if checked else None
+        check = fmt.READ_CHECKS[self._part_checksums[part]] if checked else None
         checksums = self._all_checksums()
         opened = self._opened(part)
         expected = self._part_keys[part]

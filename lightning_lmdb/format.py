@@ -59,12 +59,14 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
 
 Opening reads and checks the header (its digest; every field's presence and type, a wrong one is a
 :class:`DatabaseError` naming it), the targets and the checksums (digest and length): a few MB at ImageNet size
-(10 MB of checksums for 1.28M records), no Python object per record. Paths are read, and their digests checked, only by
-those who need them (``verify``, error messages, ``dataset.paths``). LMDB does not checksum its pages: these
+(the checksums' 10 MB at 1.28M records are digested, and their first 4 bytes a record kept), no Python object per record.
+Paths and whole checksums are read, and their digests checked, only by those who need them (``verify``, error messages,
+``dataset.paths``). LMDB does not checksum its pages: these
 digests are what turns a flipped byte in a label into an error instead of a wrong label, and the per-record checksums
 what turns a flipped bit in a record into an error instead of wrong pixels: every record a dataset reads is checked
-against its checksum before it is decoded (a ``zstd pixels`` record relies on its frame's own content checksum instead,
-its header checked against the frame's content size), and a mismatch is a :class:`DatabaseError` naming the record.
+against its checksum (its first 4 bytes, :func:`read_check_table`) before it is decoded (a ``zstd pixels`` record relies
+on its frame's own content checksum instead, its header checked against the frame's content size), and a mismatch is a
+:class:`DatabaseError` naming the record.
 
 The header, its digest, the arrays and ``build-id`` are written in the same final transaction that
 completes the build: a file with no ``meta`` key is not a finished database.
@@ -167,32 +169,49 @@ def record_key(index: int) -> bytes:
     return b"%0*d" % (KEY_WIDTH, index)
 
 
-def _crc32_len(value: bytes | memoryview) -> int:
-    return zlib.crc32(value) | (len(value) & 0xFFFFFFFF) << 32
+def _crc32_len(value: bytes | memoryview) -> bytes:
+    return (zlib.crc32(value) | (len(value) & 0xFFFFFFFF) << 32).to_bytes(CHECKSUM_SIZE, "little")
 
 
-def _blake2b_64(value: bytes | memoryview) -> int:
-    return int.from_bytes(hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest(), "little")
+def _blake2b_64(value: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest()
 
 
-#: Every per-record checksum algorithm, by the name the header's ``checksum`` field gives: ``value -> int``, the
-#: :data:`CHECKSUM_SIZE` stored bytes read as a little-endian ``uint64`` (what :func:`checksum_table` holds per record).
-CHECKSUMS: dict[str, Callable[[bytes | memoryview], int]] = {CHECKSUM_ALGO: _crc32_len, LEGACY_CHECKSUM_ALGO: _blake2b_64}
+def _blake2b_64_head(value: bytes | memoryview) -> int:
+    return int.from_bytes(hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest()[:READ_CHECK_SIZE], "little")
+
+
+#: Every per-record checksum algorithm, by the name the header's ``checksum`` field gives: ``value -> its`` :data:`CHECKSUM_SIZE`
+#: ``stored bytes``.
+CHECKSUMS: dict[str, Callable[[bytes | memoryview], bytes]] = {CHECKSUM_ALGO: _crc32_len, LEGACY_CHECKSUM_ALGO: _blake2b_64}
+#: The bytes of a stored checksum that a read compares (its first four: ``crc32-len``'s CRC-32, half a ``blake2b-64`` digest).
+READ_CHECK_SIZE = 4
+#: Per algorithm, what a read computes of a record: its stored checksum's first :data:`READ_CHECK_SIZE` bytes as a
+#: little-endian ``uint32`` (``crc32-len``: ``zlib.crc32`` itself), compared with :func:`read_check_table`'s entry.
+READ_CHECKS: dict[str, Callable[[bytes | memoryview], int]] = {CHECKSUM_ALGO: zlib.crc32, LEGACY_CHECKSUM_ALGO: _blake2b_64_head}
 
 
 def checksum(value: bytes | memoryview, algorithm: str = CHECKSUM_ALGO) -> bytes:
     """The :data:`CHECKSUM_SIZE` bytes stored for a record value under ``algorithm`` (:data:`CHECKSUMS`).
 
-    ``crc32-len`` (what builds write now): the value's CRC-32 (``zlib.crc32``) as a
-    little-endian ``uint32``, then its length modulo 2**32 as a little-endian ``uint32`` -- a truncated or extended value
-    is caught by its length whatever its CRC. ``blake2b-64`` (older databases): the value's 8-byte BLAKE2b digest.
+    ``crc32-len`` (what builds write now): the value's CRC-32 (``zlib.crc32``) as a little-endian ``uint32``, then its
+    length modulo 2**32 as a little-endian ``uint32`` -- a truncated or extended value is caught by its length whatever
+    its CRC. ``blake2b-64`` (older databases): the value's 8-byte BLAKE2b digest.
     """
-    return CHECKSUMS[algorithm](value).to_bytes(CHECKSUM_SIZE, "little")
+    return CHECKSUMS[algorithm](value)
 
 
-def checksum_table(checksums: np.ndarray) -> np.ndarray:
-    """A ``count x 8`` checksums array as ``count`` little-endian ``uint64`` (the ints :data:`CHECKSUMS` computes), no copy."""
-    return np.ascontiguousarray(checksums, dtype=np.uint8).reshape(-1, CHECKSUM_SIZE).view("<u8").reshape(-1)
+def read_check_table(checksums: np.ndarray) -> np.ndarray:
+    """What every read compares, of a ``count x 8`` checksums array: each row's first :data:`READ_CHECK_SIZE` bytes, as ``count``
+    read-only little-endian ``uint32`` (a copy: 4 bytes a record, 5 MB at ImageNet size, half the stored array).
+
+    A read checks the CRC-32 (or half a BLAKE2b digest) alone: a damaged record whose check still matches is one in 2**32
+    (a CRC-32 catches every error of up to 32 consecutive bits); ``verify`` compares all 8 bytes, the length too.
+    """
+    table = np.ascontiguousarray(np.asarray(checksums, dtype=np.uint8).reshape(-1, CHECKSUM_SIZE)[:, :READ_CHECK_SIZE]).view("<u4")
+    table = table.reshape(-1)
+    table.flags.writeable = False
+    return table
 
 
 def progress_entry(value: bytes | memoryview, codec: int) -> bytes:
@@ -269,9 +288,10 @@ class Metadata:
 
     Read it with :func:`read_meta` and by attribute. ``targets`` and ``codecs`` are always there (read-only
     ``int32`` and ``uint8`` arrays; ``codecs`` of an older database is its storage's one codec), and so are the typed
-    targets of its kind (``labels`` / ``label_offsets``, ``values``), ``splits`` and ``checksums`` (``count x 8`` read-only
-    bytes, under the algorithm ``checksum`` names); ``paths`` (a :class:`PathTable`) is ``None`` unless asked for
-    (``read_meta(..., arrays=True)``; version 1 databases always carry them). :meth:`target_table` gives the targets as a
+    targets of its kind (``labels`` / ``label_offsets``, ``values``), ``splits`` and ``read_checks`` (what a read compares:
+    :func:`read_check_table`, ``count`` read-only ``uint32``); ``paths`` (a :class:`PathTable`) and ``checksums`` (``count x 8``
+    read-only bytes, under the algorithm ``checksum`` names) are ``None`` unless asked for (``read_meta(..., arrays=True)``;
+    version 1 databases always carry them). :meth:`target_table` gives the targets as a
     dataset serves them. A ``mask`` database has ``ignore_index`` (else ``None``) and, with ``arrays=True``, ``mask_paths``
     (a :class:`PathTable`, else ``None``).
     """
@@ -292,6 +312,7 @@ class Metadata:
     codecs: np.ndarray
     paths: PathTable | None = None
     checksums: np.ndarray | None = None
+    read_checks: np.ndarray | None = None
     shard: ShardInfo | None = None
     target_kind: str = ""  # "": "class" with classes, else "none" (set in __post_init__)
     target_names: list[str] = dataclasses.field(default_factory=list)
@@ -346,7 +367,8 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
     Args:
         env: The open environment.
         path: How to name the database in errors.
-        arrays: Also read (and check) the paths (the checksums are always read: every record read is checked against them).
+        arrays: Also read (and check) the paths and the whole checksums (their first 4 bytes a record, ``read_checks``, are
+            always read: every record read is checked against them).
 
     Raises:
         DatabaseError: No metadata (incomplete or foreign), unreadable JSON, a newer format version, a
@@ -373,7 +395,12 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
         read = _ArrayReader(txn, path, count, digests)
         targets = read("targets")
         codecs = read("codecs") if "codecs" in digests else None
-        checksums = read("checksums").reshape(count, CHECKSUM_SIZE)  # every record read is checked against it
+        checksums = None
+        if arrays:
+            checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
+            read_checks = read_check_table(checksums)
+        else:  # every record read is checked against it: only those 4 bytes a record are copied out of the map
+            read_checks = read("checksums", READ_CHECK_SIZE).view("<u4").reshape(-1)
         paths = None
         if arrays:
             offsets = read("path_offsets")
@@ -381,7 +408,7 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
             if offsets[0] != 0 or offsets[-1] != len(blob) or np.any(np.diff(offsets) < 0):
                 raise DatabaseError(f"Path offsets of {str(path)!r} do not index its path blob: the database is damaged; rebuild it.")
             paths = PathTable(blob, offsets)
-        meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs)
+        meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs, read_checks)
         meta = dataclasses.replace(meta, **read_typed(get, read, meta, arrays=arrays))
         if "shard" in obj:
             shard = JsonFields(get("shard", dict), path, "shard.")
@@ -404,8 +431,9 @@ def _check_version(obj: Any, path: str | os.PathLike[str]) -> int:
 
 
 def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths: PathTable | None, checksums: np.ndarray | None,
-          build_id: str | None, codecs: np.ndarray | None = None) -> Metadata:
-    """The fields both versions share, validated (``codecs``: ``None`` for a database without them)."""
+          build_id: str | None, codecs: np.ndarray | None = None, read_checks: np.ndarray | None = None) -> Metadata:
+    """The fields both versions share, validated (``codecs``: ``None`` for a database without them; ``read_checks``: ``None``
+    to take them from ``checksums``)."""
     if count < 0:
         get.fail("count", f"is {count}")
     storage = get("storage", str)
@@ -424,6 +452,10 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
         get.fail("checksum", f"is {algorithm!r}, not one of {tuple(CHECKSUMS)} (a newer lightning_lmdb built it: upgrade)")
     if checksums is not None:
         checksums.flags.writeable = False
+    if read_checks is None:
+        assert checksums is not None
+        read_checks = read_check_table(checksums)
+    read_checks.flags.writeable = False
     source = JsonFields(get("source", dict), get.path, "source.")
     skipped = []
     for i, item in enumerate(get("skipped", list)):
@@ -447,6 +479,7 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
         codecs=codecs,
         paths=paths,
         checksums=checksums,
+        read_checks=read_checks,
     )
 
 
@@ -469,7 +502,9 @@ class _ArrayReader:
     def __init__(self, txn: lmdb.Transaction, path: str | os.PathLike[str], count: int, digests: dict[str, str]):
         self.txn, self.path, self.count, self.digests = txn, path, count, digests
 
-    def __call__(self, name: str) -> np.ndarray:
+    def __call__(self, name: str, columns: int | None = None) -> np.ndarray:
+        """The array ``name``, copied out of the map; with ``columns``, only each record's first ``columns`` items (a
+        ``count x columns`` array: the rest is digested, never copied)."""
         key, dtype, per_record, extra = ARRAYS[name]
         value = self.txn.get(key)
         expected = self.digests.get(name)
@@ -477,12 +512,14 @@ class _ArrayReader:
             raise DatabaseError(f"{str(self.path)!r} lacks its {name} array ({key.decode()}): the database is damaged; rebuild it.")
         if _digest(value).hex() != expected:
             raise DatabaseError(f"The {name} array of {str(self.path)!r} does not match its digest: the database is damaged; rebuild it.")
-        array = np.frombuffer(value, dtype=dtype).copy()  # out of the map: private, never a page fault later
+        array = np.frombuffer(value, dtype=dtype)
         if per_record and len(array) != self.count * per_record + extra:
             raise DatabaseError(
                 f"The {name} array of {str(self.path)!r} holds {len(array)} items for {self.count} records: damaged; rebuild it."
             )
-        return array
+        if columns is not None:
+            return np.ascontiguousarray(array.reshape(self.count, per_record)[:, :columns])
+        return array.copy()  # out of the map: private, never a page fault later
 
 
 def write_meta(txn: lmdb.Transaction, meta: Metadata) -> None:
