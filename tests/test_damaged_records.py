@@ -271,9 +271,13 @@ def test_a_flipped_zstd_pixel_header_is_a_database_error(databases: dict[str, Pa
 # --- older databases (blake2b-64) are still read and checked with theirs ----------------------------------------------
 
 
-def _to_legacy(db: Path, out: Path) -> Path:
-    """A copy of ``db`` whose checksums and header are what a build before ``crc32-len`` wrote (``blake2b-64``)."""
-    shutil.copyfile(db, out)
+def _to_legacy(db: Path, out: Path | None = None) -> Path:
+    """A copy of ``db`` (``None``: ``db`` itself) whose checksums and header are what a build before ``crc32-len`` wrote
+    (``blake2b-64``)."""
+    if out is None:
+        out = db
+    else:
+        shutil.copyfile(db, out)
     meta = database.load_meta(out, arrays=True)
     _, values = read_records(out)
     digests = np.frombuffer(b"".join(fmt.checksum(v, fmt.LEGACY_CHECKSUM_ALGO) for v in values), np.uint8).reshape(-1, 8)
@@ -328,6 +332,29 @@ def test_a_sharded_database_checks_each_shard_with_its_algorithm(tmp_path: Path)
     envs.close_all()
     with pytest.raises(DatabaseError, match=r"photo2.jpg\) \(in its shard .*shard-00001-of-00002.lmdb'\) is damaged: it does not match"):
         LMDBImageDataset(folder)[row]
+
+
+def test_a_sharded_database_resumed_across_the_change_checks_each_shard_with_its_own(tmp_path: Path) -> None:
+    folder = build(_source(tmp_path / "src"), tmp_path / "sharded", shards=2, workers=0, progress=False).path
+    part = database.open_database(folder)[1][1]  # the photos (JPEG records); shard 0 holds the icons (zstd pixels)
+    second = Path(part.path)
+    _to_legacy(second)  # as a build before crc32-len wrote it; the manifest records its new header digest
+    manifest = json.loads((folder / "manifest.json").read_text())
+    with envs.reading(second) as opened, opened.env.begin() as txn:
+        manifest["shards"][1]["digest"] = fmt.header_digest(txn)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    envs.close_all()
+    assert [p.checksum for p in database.open_database(folder)[1]] == ["crc32-len", "blake2b-64"]
+    assert verify_lmdb(folder).ok
+    dataset = LMDBImageDataset(folder)
+    assert all(dataset[i] is not None for i in range(len(dataset))), "each shard's records pass under their own algorithm"
+    local = _first(second, codec.JPEG)
+    data = bytearray(second.read_bytes())
+    data[_value_spans(second)[local][0] + 33] ^= 0x08
+    second.write_bytes(bytes(data))
+    envs.close_all()
+    with pytest.raises(DatabaseError, match=r"shard-00001-of-00002.lmdb'\) is damaged: it does not match its checksum \(blake2b-64\)"):
+        LMDBImageDataset(folder)[part.offset + local]
 
 
 # --- resume of a partial build begun before crc32-len ------------------------------------------------------------------
