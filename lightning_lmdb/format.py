@@ -43,7 +43,7 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
   - ``meta/splits`` (version 3, with ``split_names``): ``uint8`` per record, its split's index in ``split_names``;
   - ``meta/checksums``: 8 raw bytes per record, the checksum of its value under the header's ``checksum``
     (:func:`checksum`): ``crc32-len``, the value's CRC-32 then its length (each a little-endian ``uint32``; written since
-    the change from ``blake2b-64``, which was ~5x slower to compute); ``blake2b-64``, the value's 8-byte BLAKE2b digest
+    the change from ``blake2b-64``, ~6x slower to compute); ``blake2b-64``, the value's 8-byte BLAKE2b digest
     (older databases: read and checked with it, never converted);
   - ``meta/paths``: the records' relative source paths, UTF-8 (undecodable bytes of a file name kept
     with ``surrogateescape``), concatenated;
@@ -181,8 +181,8 @@ def _blake2b_64_head(value: bytes | memoryview) -> int:
     return int.from_bytes(hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest()[:READ_CHECK_SIZE], "little")
 
 
-#: Every per-record checksum algorithm, by the name the header's ``checksum`` field gives: ``value -> its`` :data:`CHECKSUM_SIZE`
-#: ``stored bytes``.
+#: Every per-record checksum algorithm, by the name the header's ``checksum`` field gives: a record value to the
+#: :data:`CHECKSUM_SIZE` bytes stored for it.
 CHECKSUMS: dict[str, Callable[[bytes | memoryview], bytes]] = {CHECKSUM_ALGO: _crc32_len, LEGACY_CHECKSUM_ALGO: _blake2b_64}
 #: The bytes of a stored checksum that a read compares (its first four: ``crc32-len``'s CRC-32, half a ``blake2b-64`` digest).
 READ_CHECK_SIZE = 4
