@@ -51,7 +51,7 @@ import numpy as np
 
 from lightning_lmdb import __version__
 from lightning_lmdb import format as fmt
-from lightning_lmdb.codec import encode_pixels
+from lightning_lmdb.codec import PIXELS, encode_pixels
 
 HERE = str(Path(__file__).resolve().parent)
 IMAGENET_TRAIN = 1_281_167
@@ -124,7 +124,7 @@ def fabricate(path: Path, version: int, classes: list[str], paths: list[str], ta
                     version=2, count=count, storage="decoded", classes=classes, class_to_idx={c: i for i, c in enumerate(classes)},
                     checksum=fmt.CHECKSUM_ALGO, source=fmt.SourceInfo(**source), options=options, skipped=[], created=created,
                     library_version=__version__, build_id=fmt.new_build_id(), targets=targets,
-                    paths=fmt.PathTable.from_strings(paths), checksums=checksums,
+                    codecs=np.full(count, PIXELS, dtype=np.uint8), paths=fmt.PathTable.from_strings(paths), checksums=checksums,
                 ))
         env.sync(True)
     finally:

@@ -126,14 +126,23 @@ def decode_zstd_pixels(value: bytes | memoryview) -> np.ndarray:
     """Parse a ``zstd pixels`` record value into a writable ``H x W x 3`` ``uint8`` RGB array.
 
     Raises:
-        RecordError: The frame is damaged (its checksum, its length, not zstd) or its header is impossible.
+        RecordError: The frame is damaged (its checksum, its length, not zstd) or its header is impossible or disagrees with the
+            frame's declared content size (checked before the pixels are allocated).
     """
     height, width, channels = _header(value, "Compressed-pixel")
     if channels not in (1, 3):
         raise RecordError(f"Compressed-pixel record has {channels} channels (1 or 3 are written): the database is damaged.")
+    frame = memoryview(value)[_PIXEL_HEADER.size:]
+    try:  # the header is checked against the frame before it sizes an allocation
+        declared = zstd.content_size(frame)
+    except ValueError as exc:
+        raise RecordError(f"Compressed-pixel record is damaged ({exc}).") from None
+    if declared != height * width * channels:
+        raise RecordError(f"Compressed-pixel record's header says {height}x{width}x{channels} pixels ({height * width * channels} bytes) "
+                          f"but its zstd frame holds {declared} bytes: the database is damaged.")
     pixels = np.empty((height, width, channels), dtype=np.uint8)
     try:
-        zstd.decompress_into(memoryview(value)[_PIXEL_HEADER.size:], pixels.reshape(-1).data)
+        zstd.decompress_into(frame, pixels.reshape(-1).data)
     except (ValueError, *zstd.ERRORS) as exc:
         raise RecordError(f"Compressed-pixel record is damaged ({exc}).") from None
     return np.repeat(pixels, 3, axis=2) if channels == 1 else pixels
@@ -236,19 +245,23 @@ class RecordCodec:
             ``uint8 3 x H x W`` tensor).
         file_bytes: The value is an image file's bytes: batched GPU decoding and reduced-size JPEG decoding
             apply, and ``verify`` compares an unresized record with its file byte for byte.
+        self_checked: Decoding the value checks it whole (``zstd pixels``: the frame's content checksum, its header against the
+            frame's content size), so a dataset need not check the record's stored checksum first.
     """
 
     id: int
     name: str
     decode: Callable[[bytes | memoryview, str, int | None, str], Image.Image | torch.Tensor]
     file_bytes: bool
+    self_checked: bool = False
 
 
 #: Every record codec, by id (the format stores the id: append new ones, never renumber).
 RECORD_CODECS: tuple[RecordCodec, ...] = (
     RecordCodec(0, "image file", _decode_file, file_bytes=True),  # a file of another format (GIF, BMP, TIFF, ...), or unknown
     RecordCodec(1, "pixels", lambda value, decoder, size, name: _to_image(decode_pixels(value), decoder), file_bytes=False),
-    RecordCodec(2, "zstd pixels", lambda value, decoder, size, name: _to_image(decode_zstd_pixels(value), decoder), file_bytes=False),
+    RecordCodec(2, "zstd pixels", lambda value, decoder, size, name: _to_image(decode_zstd_pixels(value), decoder), file_bytes=False,
+                self_checked=True),
     RecordCodec(3, "JPEG", _decode_file, file_bytes=True),
     RecordCodec(4, "PNG", _decode_file, file_bytes=True),
     RecordCodec(5, "WebP", _decode_file, file_bytes=True),

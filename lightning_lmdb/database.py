@@ -96,6 +96,8 @@ class Part:
         count: Its records.
         build_id: The build id it must have.
         digest: Its header digest as the manifest records it (``None`` for a single file).
+        checksum: The algorithm of its records' checksums (its header's ``checksum``; the shards of a build resumed across
+            the change from ``blake2b-64`` may differ). Set by :func:`open_database`; ``""`` from :func:`parts`.
     """
 
     path: str
@@ -103,6 +105,7 @@ class Part:
     count: int
     build_id: str
     digest: str | None = None
+    checksum: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,7 +250,7 @@ def open_database(path: str | os.PathLike[str], *, arrays: bool = False) -> tupl
     if not is_sharded(path):
         with envs.reading(path) as opened:
             meta = fmt.read_meta(opened.env, path, arrays=arrays)
-            return meta, [Part(os.path.abspath(path), 0, meta.count, opened.build_id)]
+            return meta, [Part(os.path.abspath(path), 0, meta.count, opened.build_id, checksum=meta.checksum)]
     path = Path(path).absolute()
     manifest = _read_manifest(path)
     metas = []
@@ -264,7 +267,7 @@ def open_database(path: str | os.PathLike[str], *, arrays: bool = False) -> tupl
                 f"damaged). Rebuild the folder with lightning-lmdb build --shards {len(manifest.parts)}."
             )
         metas.append(meta)
-    return _joined(path, manifest, metas, arrays), manifest.parts
+    return _joined(path, manifest, metas, arrays), [replace(p, checksum=m.checksum) for p, m in zip(manifest.parts, metas, strict=True)]
 
 
 def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: bool) -> fmt.Metadata:
@@ -282,6 +285,7 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
         build_id=manifest.build_id,
         targets=np.concatenate([m.targets for m in metas]),
         codecs=np.concatenate([m.codecs for m in metas]),
+        read_checks=np.concatenate([m.read_checks for m in metas]),  # each shard's under its own algorithm (Part.checksum)
         shard=None,
     )
     if joined.target_kind in ("multilabel", "regression", "mask"):
@@ -290,7 +294,7 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
                          values=None if table.values is None else table.values.reshape(-1))
     if joined.split_names:
         joined = replace(joined, splits=np.concatenate([m.splits for m in metas]))  # type: ignore[misc]
-    for array in (joined.targets, joined.codecs, joined.labels, joined.label_offsets, joined.values, joined.splits):
+    for array in (joined.targets, joined.codecs, joined.read_checks, joined.labels, joined.label_offsets, joined.values, joined.splits):
         if array is not None:
             array.flags.writeable = False
     if arrays:

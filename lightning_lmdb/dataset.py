@@ -22,6 +22,13 @@ Per-process cost that does not grow with the dataset (measured at ImageNet's 1,2
   ``__getitem__`` reads array elements (no reference-count write), so a forked DataLoader worker does
   not copy them page by page (a Python list of 1.28M targets and paths cost ~165 MiB per worker).
 * Paths are read only when needed (``paths``, error messages): the name of a sample is built on error.
+* Every record read is checked against its stored checksum before it is decoded or deferred to the batched device
+  decode (``crc32-len``: ``zlib.crc32``, ~25 us per 100 KB; an older database's ``blake2b-64``), but a ``zstd pixels``
+  record, whose frame carries its own content checksum (its header is checked against the frame's content size): a
+  damaged record raises :class:`~lightning_lmdb.errors.DatabaseError` naming it, its source file and what to do, and is
+  never served. Block reads only warm the page cache: their records are checked here too. What a read compares is one
+  read-only ``uint32`` array (the stored checksums' first 4 bytes: the CRC-32; 5 MB at ImageNet size,
+  :func:`lightning_lmdb.format.read_check_table`), read with the targets, shared by forked workers.
 * A pickled :class:`LMDBImageDataset` (what a ``spawn`` / ``forkserver`` worker receives) holds the
   database path and the steps of its view (:mod:`lightning_lmdb.views`), not a row list; each process
   reads the targets back from the database (a few MB, checked against their digest).
@@ -57,6 +64,7 @@ LMDB environments (each point is a failure of the usual recipe, measured with py
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -79,6 +87,11 @@ from lightning_lmdb.loadstats import LoaderStats, touch_pages
 from lightning_lmdb.targets import TargetTable
 from lightning_lmdb.transforms import image_size, joint_crop, mask_tensor, transform_pair
 from lightning_lmdb.views import RowView, Split
+
+#: Check every record against its stored checksum when it is read (see the module docstring). For benchmarks only
+#: (``benchmarks/record_check.py`` measures the check's cost by turning it off): off, a damaged record is served as wrong
+#: pixels. Read per sample in the loading process (a forked worker inherits it; a spawned one does not).
+CHECK_RECORDS = True
 
 
 class WithMask(NamedTuple):
@@ -310,6 +323,8 @@ class LMDBImageDataset(_ImageDataset):
         self.build_id: str = parts[0].build_id if single else str(meta.build_id)
         self.storage: str = meta.storage
         self._codecs: np.ndarray | None = meta.codecs  # each record's codec (codec.RECORD_CODECS), one byte a record
+        self._checksums: np.ndarray | None = meta.read_checks  # what each record's read compares, a uint32 (fmt.read_check_table)
+        self._part_checksums = [part.checksum for part in parts]  # each file's checksum algorithm (fmt.READ_CHECKS)
         self.format_version: int = meta.version
         self._targets: TargetTable | None = meta.target_table()
         self._paths: fmt.PathTable | None = meta.paths  # version 1 carries them; version 2 reads them on demand
@@ -326,7 +341,7 @@ class LMDBImageDataset(_ImageDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_targets"] = state["_paths"] = state["_codecs"] = None  # read back from the database in the receiving process
+        state["_targets"] = state["_paths"] = state["_codecs"] = state["_checksums"] = None  # read back in the receiving process
         return state
 
     @property
@@ -378,10 +393,15 @@ class LMDBImageDataset(_ImageDataset):
             self._read_arrays()
         return self._codecs
 
+    def _all_checksums(self) -> np.ndarray:
+        if self._checksums is None:
+            self._read_arrays()
+        return self._checksums
+
     def _read_arrays(self) -> None:
-        """The per-record arrays every sample needs (targets, codecs), read back once in this process."""
+        """The per-record arrays every sample needs (targets, codecs, checksums), read back once in this process."""
         meta = self._read_meta()
-        self._targets, self._codecs = meta.target_table(), meta.codecs
+        self._targets, self._codecs, self._checksums = meta.target_table(), meta.codecs, meta.read_checks
 
     def _path_table(self) -> fmt.PathTable:
         if self._paths is None:
@@ -426,8 +446,14 @@ class LMDBImageDataset(_ImageDataset):
     def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred | WithMask:
         part = bisect_right(self._starts, row) - 1
         kind = codec.RECORD_CODECS[self._all_codecs()[row]]  # before the transaction: the first call reads the metadata
+        # Every record is checked before it is decoded (or deferred), but one whose decode checks it whole (zstd pixels);
+        # a mask database's records always (their length field and mask header are outside the image's frame).
+        checked = CHECK_RECORDS and (self.target_kind == "mask" or not kind.self_checked)
+        check = fmt.READ_CHECKS[self._part_checksums[part]] if checked else None
+        checksums = self._all_checksums()
         opened = self._opened(part)
         expected = self._part_keys[part]
+        error = damage = None
         try:
             with opened.env.begin(buffers=True) as txn:
                 # The build id is read in the same transaction as the record (~1 us): a file copied in place over
@@ -440,21 +466,37 @@ class LMDBImageDataset(_ImageDataset):
                     if marks is not None:  # the lookup returns the memory map: its page faults are the read
                         touch_pages(value)
                         marks.append(time.perf_counter())
-                    try:
-                        return self._decode_record(value, kind)
-                    except ImageDecodeError as exc:
-                        error = exc
-                    except RecordError as exc:  # a damaged pixel record (its zstd checksum, its length)
-                        raise fmt.DatabaseError(f"Record {row} of {self.path!r} is damaged ({exc}); rebuild the database.") from None
-                else:
-                    error = None
+                    if check is not None and check(value) != int(checksums[row]):
+                        damage = f"it does not match its checksum ({self._part_checksums[part]})"
+                    else:
+                        try:
+                            return self._decode_record(value, kind)
+                        except ImageDecodeError as exc:
+                            error = exc
+                        except RecordError as exc:  # a damaged pixel record (its zstd checksum, its header, its length)
+                            damage = str(exc)
         except lmdb.Error as exc:  # a damaged page (lmdb.CorruptedError, PageNotFoundError, ...)
             raise envs.damaged(opened.path, exc, self.path) from exc
-        if error is not None:  # the name is built only on error (it reads the paths)
+        if damage is not None:  # the name is built only on error (it reads the paths), outside the transaction
+            raise self._damaged_record(row, part, damage)
+        if error is not None:
             raise ImageDecodeError(self._name(row), error.reason) from None
         envs.close(self._files[part])  # the file changed under this process's mapping: reopen it and report
         self._check_same_database()
         raise fmt.DatabaseError(f"{self.path!r} changed while it was open; create the dataset again.")  # pragma: no cover
+
+    def _damaged_record(self, row: int, part: int, why: str) -> fmt.DatabaseError:
+        """The error for record ``row`` (in file ``part``) found damaged: it names the record and its source file, and what to do."""
+        try:
+            name = self._name(row)
+        except fmt.DatabaseError:  # the paths are damaged too
+            name = f"{self.path}[{row}]"
+        shard = f" (in its shard {self._files[part]!r})" if self.sharded else ""
+        why = why.rstrip(".").removesuffix(": the database is damaged")
+        return fmt.DatabaseError(
+            f"Record {name}{shard} is damaged: {why}. It is not served. Check the whole database with "
+            f"`lightning-lmdb verify {shlex.quote(self.path)}`, then rebuild it (or copy or stage it again)."
+        )
 
     def _decode_record(self, value: memoryview, kind: codec.RecordCodec) -> Image.Image | torch.Tensor | Deferred | WithMask:
         """A record's image (deferred, or decoded by its codec) -- and of a mask database's record, its mask too

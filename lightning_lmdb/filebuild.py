@@ -216,6 +216,8 @@ class _Writer:
                     why = "its source changed since it was started (files added, removed, modified or relabelled)"
                 else:
                     log.info("Resuming the build of %s after %d of %d files.", self.target, state["consumed"], len(self.scan.files))
+                    if state.get("checksum", fmt.LEGACY_CHECKSUM_ALGO) != fmt.CHECKSUM_ALGO:
+                        _recompute_checksums(env, state.get("checksum", fmt.LEGACY_CHECKSUM_ALGO))
                     return env, state["consumed"], state["skipped"]
             except (lmdb.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
                 why = f"it is unreadable ({exc})"
@@ -288,7 +290,7 @@ class _Writer:
         skipped: list[dict[str, str]],
     ) -> None:
         state = {"version": fmt.PROGRESS_VERSION, "consumed": consumed, "prefix": self.prefix.advance(consumed), "options": self.options,
-                 "skipped": skipped}
+                 "skipped": skipped, "checksum": fmt.CHECKSUM_ALGO}
         records, checksums = dbs
 
         def write(txn: lmdb.Transaction) -> None:
@@ -442,6 +444,27 @@ def _mask_fields(scan: masks.MaskScan, kept: list[SourceFile]) -> dict[str, Any]
     prefix = str(scan.root).rstrip(os.sep) + os.sep
     paths = (f.mask[len(prefix):].replace(os.sep, "/") if f.mask.startswith(prefix) else f.mask for f in kept)
     return {"ignore_index": scan.ignore_index, "mask_paths": fmt.PathTable.from_strings(paths)}
+
+
+def _recompute_checksums(env: lmdb.Environment, algorithm: str) -> None:
+    """Turn the progress entries of a partial build begun under checksum ``algorithm`` into :data:`~lightning_lmdb.format.CHECKSUM_ALGO`
+    ones, each record checked against its old checksum first, so the finished database has one algorithm.
+
+    Raises:
+        ValueError: An unknown algorithm, or a committed record that does not match its entry (the partial is then discarded).
+    """
+    if algorithm not in fmt.CHECKSUMS:
+        raise ValueError(f"unknown checksum algorithm {algorithm!r}")
+    size = fmt.CHECKSUM_SIZE
+    with env.begin(write=True) as txn:
+        records, entries = env.open_db(fmt.RECORDS_DB, txn=txn), env.open_db(fmt.CHECKSUMS_DB, txn=txn)
+        for key, entry in list(txn.cursor(db=entries)):
+            value = txn.get(key, db=records)
+            if value is None or fmt.checksum(value, algorithm) != entry[:size]:
+                raise ValueError(f"record {key!r} does not match its progress entry")
+            txn.put(key, fmt.checksum(value) + entry[size:], db=entries)
+        raw = txn.get(fmt.PROGRESS_KEY)
+        txn.put(fmt.PROGRESS_KEY, fmt.dump_json({**json.loads(raw), "checksum": fmt.CHECKSUM_ALGO}))
 
 
 def _write_growing(env: lmdb.Environment, write: Any) -> None:

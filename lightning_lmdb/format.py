@@ -19,7 +19,8 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
 
 * Key ``meta`` of the main database: the **header**, small UTF-8 JSON (never pickle) whatever the
   number of records: ``format`` (``"lightning_lmdb"``), ``version`` (2 or 3), ``count``, ``storage``,
-  ``classes``, ``class_to_idx``, ``checksum`` (the per-record digest algorithm, ``blake2b-64``),
+  ``classes``, ``class_to_idx``, ``checksum`` (the per-record checksum's algorithm: ``crc32-len``, or ``blake2b-64``
+  in databases written before it),
   ``source`` (``root``, ``num_files``, ``bytes``, ``fingerprint`` over paths, targets, sizes and
   mtimes), ``target_kind`` (``class``, ``none``, ``multilabel``, ``regression`` or ``mask``; absent from older files:
   ``class`` with classes, else ``none``), ``target_names`` (version 3, regression: the K names), ``split_names`` (version 3,
@@ -40,7 +41,10 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
     ``labels[offsets[i]:offsets[i+1]]``;
   - ``meta/values`` (version 3, ``regression``): ``float32``, K per record;
   - ``meta/splits`` (version 3, with ``split_names``): ``uint8`` per record, its split's index in ``split_names``;
-  - ``meta/checksums``: 8 raw bytes per record, the ``blake2b-64`` digest of its value;
+  - ``meta/checksums``: 8 raw bytes per record, the checksum of its value under the header's ``checksum``
+    (:func:`checksum`): ``crc32-len``, the value's CRC-32 then its length (each a little-endian ``uint32``; written since
+    the change from ``blake2b-64``, ~6x slower to compute); ``blake2b-64``, the value's 8-byte BLAKE2b digest
+    (older databases: read and checked with it, never converted);
   - ``meta/paths``: the records' relative source paths, UTF-8 (undecodable bytes of a file name kept
     with ``surrogateescape``), concatenated;
   - ``meta/path-offsets``: ``int64`` per record plus one: path ``i`` is ``paths[offsets[i]:offsets[i+1]]``;
@@ -54,10 +58,15 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
   each record) to notice a file replaced since a dataset was created, without parsing anything.
 
 Opening reads and checks the header (its digest; every field's presence and type, a wrong one is a
-:class:`DatabaseError` naming it) and the targets (digest and length): a few MB at ImageNet size, no
-Python object per record. Paths and checksums are read, and their digests checked, only by those who
-need them (``verify``, error messages, ``dataset.paths``). LMDB does not checksum its pages: these
-digests are what turns a flipped byte in a label into an error instead of a wrong label.
+:class:`DatabaseError` naming it), the targets and the checksums (digest and length): a few MB at ImageNet size
+(the checksums' 10 MB at 1.28M records are digested, and their first 4 bytes a record kept), no Python object per record.
+Paths and whole checksums are read, and their digests checked, only by those who need them (``verify``, error messages,
+``dataset.paths``). LMDB does not checksum its pages: these
+digests are what turns a flipped byte in a label into an error instead of a wrong label, and the per-record checksums
+what turns a flipped bit in a record into an error instead of wrong pixels: every record a dataset reads is checked
+against its checksum (its first 4 bytes, :func:`read_check_table`) before it is decoded (a ``zstd pixels`` record relies
+on its frame's own content checksum instead, its header checked against the frame's content size), and a mismatch is a
+:class:`DatabaseError` naming the record.
 
 The header, its digest, the arrays and ``build-id`` are written in the same final transaction that
 completes the build: a file with no ``meta`` key is not a finished database.
@@ -73,8 +82,10 @@ While building
 
 Key ``progress`` of the main database exists only while building: JSON with the number of source
 files consumed, a fingerprint of that prefix of the scan, the options and the files skipped so far.
-A rerun after a crash resumes from it. The named sub-database ``checksums`` (record key to its 8-byte
-digest, 1-byte record codec and, for a packed ``Dataset``, the record's target as JSON) exists only then.
+A rerun after a crash resumes from it; it names the checksum algorithm of its entries (``checksum``; absent:
+``blake2b-64``, a build begun before ``crc32-len``, whose entries a resume recomputes once). The named sub-database
+``checksums`` (record key to its 8-byte checksum, 1-byte record codec and, for a packed ``Dataset``, the record's target as
+JSON) exists only then.
 
 Beside ``X.lmdb`` while building: ``X.lmdb.partial`` (renamed onto ``X.lmdb`` when complete),
 ``X.lmdb.partial-lock`` (LMDB's writer lock) and ``X.lmdb.build-lock`` (one build at a time); their names and
@@ -88,6 +99,8 @@ import hashlib
 import json
 import os
 import uuid
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +138,10 @@ BUILD_ID_KEY = b"build-id"
 PROGRESS_KEY = b"progress"
 CHECKSUMS_DB = b"checksums"
 KEY_WIDTH = 10
-CHECKSUM_ALGO = "blake2b-64"
+#: The per-record checksum new builds write (the header's ``checksum`` names it): CRC-32 and the length (see :func:`checksum`).
+CHECKSUM_ALGO = "crc32-len"
+#: The per-record checksum of databases written before ``crc32-len``: still read, and checked with it.
+LEGACY_CHECKSUM_ALGO = "blake2b-64"
 CHECKSUM_SIZE = 8
 #: The per-record arrays of format 2: name -> (key, numpy dtype, items per record, extra items).
 ARRAYS: dict[str, tuple[bytes, str, int, int]] = {
@@ -153,13 +169,54 @@ def record_key(index: int) -> bytes:
     return b"%0*d" % (KEY_WIDTH, index)
 
 
-def checksum(value: bytes | memoryview) -> bytes:
-    """The digest stored per record (:data:`CHECKSUM_SIZE` raw bytes)."""
+def _crc32_len(value: bytes | memoryview) -> bytes:
+    return (zlib.crc32(value) | (len(value) & 0xFFFFFFFF) << 32).to_bytes(CHECKSUM_SIZE, "little")
+
+
+def _blake2b_64(value: bytes | memoryview) -> bytes:
     return hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest()
 
 
+def _blake2b_64_head(value: bytes | memoryview) -> int:
+    return int.from_bytes(hashlib.blake2b(value, digest_size=CHECKSUM_SIZE).digest()[:READ_CHECK_SIZE], "little")
+
+
+#: Every per-record checksum algorithm, by the name the header's ``checksum`` field gives: a record value to the
+#: :data:`CHECKSUM_SIZE` bytes stored for it.
+CHECKSUMS: dict[str, Callable[[bytes | memoryview], bytes]] = {CHECKSUM_ALGO: _crc32_len, LEGACY_CHECKSUM_ALGO: _blake2b_64}
+#: The bytes of a stored checksum that a read compares (its first four: ``crc32-len``'s CRC-32, half a ``blake2b-64`` digest).
+READ_CHECK_SIZE = 4
+#: Per algorithm, what a read computes of a record: its stored checksum's first :data:`READ_CHECK_SIZE` bytes as a
+#: little-endian ``uint32`` (``crc32-len``: ``zlib.crc32`` itself), compared with :func:`read_check_table`'s entry.
+READ_CHECKS: dict[str, Callable[[bytes | memoryview], int]] = {CHECKSUM_ALGO: zlib.crc32, LEGACY_CHECKSUM_ALGO: _blake2b_64_head}
+
+
+def checksum(value: bytes | memoryview, algorithm: str = CHECKSUM_ALGO) -> bytes:
+    """The :data:`CHECKSUM_SIZE` bytes stored for a record value under ``algorithm`` (:data:`CHECKSUMS`).
+
+    ``crc32-len`` (what builds write now): the value's CRC-32 (``zlib.crc32``) as a little-endian ``uint32``, then its
+    length modulo 2**32 as a little-endian ``uint32`` -- a truncated or extended value is caught by its length whatever
+    its CRC. ``blake2b-64`` (older databases): the value's 8-byte BLAKE2b digest.
+    """
+    return CHECKSUMS[algorithm](value)
+
+
+def read_check_table(checksums: np.ndarray) -> np.ndarray:
+    """What every read compares, of a ``count x 8`` checksums array: each row's first :data:`READ_CHECK_SIZE` bytes, as ``count``
+    read-only little-endian ``uint32`` (a copy: 4 bytes a record, 5 MB at ImageNet size, half the stored array).
+
+    A read checks the CRC-32 (or half a BLAKE2b digest) alone: a damaged record whose check still matches is one in 2**32
+    (a CRC-32 catches every error of up to 32 consecutive bits); ``verify`` compares all 8 bytes, the length too.
+    """
+    table = np.ascontiguousarray(np.asarray(checksums, dtype=np.uint8).reshape(-1, CHECKSUM_SIZE)[:, :READ_CHECK_SIZE]).view("<u4")
+    table = table.reshape(-1)
+    table.flags.writeable = False
+    return table
+
+
 def progress_entry(value: bytes | memoryview, codec: int) -> bytes:
-    """A record's entry in the ``checksums`` sub-database while building: its digest, then its record codec's id (one byte)."""
+    """A record's entry in the ``checksums`` sub-database while building: its checksum (:data:`CHECKSUM_ALGO`), then its record
+    codec's id (one byte)."""
     return checksum(value) + bytes((codec,))
 
 
@@ -231,10 +288,12 @@ class Metadata:
 
     Read it with :func:`read_meta` and by attribute. ``targets`` and ``codecs`` are always there (read-only
     ``int32`` and ``uint8`` arrays; ``codecs`` of an older database is its storage's one codec), and so are the typed
-    targets of its kind (``labels`` / ``label_offsets``, ``values``) and ``splits``; ``paths`` (a :class:`PathTable`) and
-    ``checksums`` (``count x 8`` bytes) are ``None`` unless asked for (``read_meta(..., arrays=True)``; version 1
-    databases always carry them). :meth:`target_table` gives the targets as a dataset serves them. A ``mask`` database
-    has ``ignore_index`` (else ``None``) and, with ``arrays=True``, ``mask_paths`` (a :class:`PathTable`, else ``None``).
+    targets of its kind (``labels`` / ``label_offsets``, ``values``), ``splits`` and ``read_checks`` (what a read compares:
+    :func:`read_check_table`, ``count`` read-only ``uint32``); ``paths`` (a :class:`PathTable`) and ``checksums`` (``count x 8``
+    read-only bytes, under the algorithm ``checksum`` names) are ``None`` unless asked for (``read_meta(..., arrays=True)``;
+    version 1 databases always carry them). :meth:`target_table` gives the targets as a
+    dataset serves them. A ``mask`` database has ``ignore_index`` (else ``None``) and, with ``arrays=True``, ``mask_paths``
+    (a :class:`PathTable`, else ``None``).
     """
 
     version: int
@@ -253,6 +312,7 @@ class Metadata:
     codecs: np.ndarray
     paths: PathTable | None = None
     checksums: np.ndarray | None = None
+    read_checks: np.ndarray | None = None
     shard: ShardInfo | None = None
     target_kind: str = ""  # "": "class" with classes, else "none" (set in __post_init__)
     target_names: list[str] = dataclasses.field(default_factory=list)
@@ -307,7 +367,8 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
     Args:
         env: The open environment.
         path: How to name the database in errors.
-        arrays: Also read (and check) the paths and checksums.
+        arrays: Also read (and check) the paths and the whole checksums (their first 4 bytes a record, ``read_checks``, are
+            always read: every record read is checked against them).
 
     Raises:
         DatabaseError: No metadata (incomplete or foreign), unreadable JSON, a newer format version, a
@@ -334,15 +395,20 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
         read = _ArrayReader(txn, path, count, digests)
         targets = read("targets")
         codecs = read("codecs") if "codecs" in digests else None
-        paths = checksums = None
+        checksums = None
+        if arrays:
+            checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
+            read_checks = read_check_table(checksums)
+        else:  # every record read is checked against it: only those 4 bytes a record are copied out of the map
+            read_checks = read("checksums", READ_CHECK_SIZE).view("<u4").reshape(-1)
+        paths = None
         if arrays:
             offsets = read("path_offsets")
             blob = read("paths")
             if offsets[0] != 0 or offsets[-1] != len(blob) or np.any(np.diff(offsets) < 0):
                 raise DatabaseError(f"Path offsets of {str(path)!r} do not index its path blob: the database is damaged; rebuild it.")
             paths = PathTable(blob, offsets)
-            checksums = read("checksums").reshape(count, CHECKSUM_SIZE)
-        meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs)
+        meta = _meta(get, version, count, targets, paths, checksums, get("build_id", str), codecs, read_checks)
         meta = dataclasses.replace(meta, **read_typed(get, read, meta, arrays=arrays))
         if "shard" in obj:
             shard = JsonFields(get("shard", dict), path, "shard.")
@@ -365,8 +431,9 @@ def _check_version(obj: Any, path: str | os.PathLike[str]) -> int:
 
 
 def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths: PathTable | None, checksums: np.ndarray | None,
-          build_id: str | None, codecs: np.ndarray | None = None) -> Metadata:
-    """The fields both versions share, validated (``codecs``: ``None`` for a database without them)."""
+          build_id: str | None, codecs: np.ndarray | None = None, read_checks: np.ndarray | None = None) -> Metadata:
+    """The fields both versions share, validated (``codecs``: ``None`` for a database without them; ``read_checks``: ``None``
+    to take them from ``checksums``)."""
     if count < 0:
         get.fail("count", f"is {count}")
     storage = get("storage", str)
@@ -380,6 +447,15 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
     elif len(codecs) and int(codecs.max()) >= len(_codec.RECORD_CODECS):
         get.fail("codecs", f"holds record codec {int(codecs.max())}, unknown here (a newer lightning_lmdb built it: upgrade)")
     codecs.flags.writeable = False
+    algorithm = get("checksum", str)
+    if algorithm not in CHECKSUMS:
+        get.fail("checksum", f"is {algorithm!r}, not one of {tuple(CHECKSUMS)} (a newer lightning_lmdb built it: upgrade)")
+    if checksums is not None:
+        checksums.flags.writeable = False
+    if read_checks is None:
+        assert checksums is not None
+        read_checks = read_check_table(checksums)
+    read_checks.flags.writeable = False
     source = JsonFields(get("source", dict), get.path, "source.")
     skipped = []
     for i, item in enumerate(get("skipped", list)):
@@ -392,7 +468,7 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
         storage=storage,
         classes=get.list_of("classes", str),
         class_to_idx=get.dict_of("class_to_idx", int),
-        checksum=get("checksum", str),
+        checksum=algorithm,
         source=SourceInfo(source("root", str), source("num_files", int), source("bytes", int), source("fingerprint", str)),
         options=get("options", dict),
         skipped=skipped,
@@ -403,6 +479,7 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
         codecs=codecs,
         paths=paths,
         checksums=checksums,
+        read_checks=read_checks,
     )
 
 
@@ -425,7 +502,9 @@ class _ArrayReader:
     def __init__(self, txn: lmdb.Transaction, path: str | os.PathLike[str], count: int, digests: dict[str, str]):
         self.txn, self.path, self.count, self.digests = txn, path, count, digests
 
-    def __call__(self, name: str) -> np.ndarray:
+    def __call__(self, name: str, columns: int | None = None) -> np.ndarray:
+        """The array ``name``, copied out of the map; with ``columns``, only each record's first ``columns`` items (a
+        ``count x columns`` array: the rest is digested, never copied)."""
         key, dtype, per_record, extra = ARRAYS[name]
         value = self.txn.get(key)
         expected = self.digests.get(name)
@@ -433,12 +512,14 @@ class _ArrayReader:
             raise DatabaseError(f"{str(self.path)!r} lacks its {name} array ({key.decode()}): the database is damaged; rebuild it.")
         if _digest(value).hex() != expected:
             raise DatabaseError(f"The {name} array of {str(self.path)!r} does not match its digest: the database is damaged; rebuild it.")
-        array = np.frombuffer(value, dtype=dtype).copy()  # out of the map: private, never a page fault later
+        array = np.frombuffer(value, dtype=dtype)
         if per_record and len(array) != self.count * per_record + extra:
             raise DatabaseError(
                 f"The {name} array of {str(self.path)!r} holds {len(array)} items for {self.count} records: damaged; rebuild it."
             )
-        return array
+        if columns is not None:
+            return np.ascontiguousarray(array.reshape(self.count, per_record)[:, :columns])
+        return array.copy()  # out of the map: private, never a page fault later
 
 
 def write_meta(txn: lmdb.Transaction, meta: Metadata) -> None:

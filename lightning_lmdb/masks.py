@@ -145,13 +145,20 @@ def decode_mask(value: bytes | memoryview) -> np.ndarray:
     """A mask value back to its ``H x W`` array (``uint8`` or ``uint16``, writable).
 
     Raises:
-        RecordError: The value is damaged (its header, length or zstd checksum).
+        RecordError: The value is damaged (its header, length or zstd checksum); the header is checked against the frame's
+            declared content size before the mask is allocated.
     """
     if len(value) < _HEADER.size:
         raise RecordError(f"a mask value of {len(value)} bytes is shorter than its header")
     height, width, itemsize = _HEADER.unpack_from(value)
     if itemsize not in (1, 2):
         raise RecordError(f"a mask value says {itemsize} bytes per value (1 or 2)")
+    try:  # the header is checked against the frame before it sizes an allocation
+        declared = zstd.content_size(memoryview(value)[_HEADER.size :])
+    except ValueError as exc:
+        raise RecordError(f"a damaged mask value ({exc})") from None
+    if declared != height * width * itemsize:
+        raise RecordError(f"a mask value's header says {height}x{width} values of {itemsize} bytes, its zstd frame holds {declared} bytes")
     out = np.empty((height, width), dtype=np.uint8 if itemsize == 1 else np.dtype("<u2"))
     try:
         zstd.decompress_into(memoryview(value)[_HEADER.size :], memoryview(out.reshape(-1).view(np.uint8)))

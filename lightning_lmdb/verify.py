@@ -130,7 +130,7 @@ def verify_lmdb(
         FileNotFoundError, ValueError: ``source`` is missing or holds no images (see ``sources.scan_source``).
     """
     meta, parts = database.open_database(path, arrays=True)
-    assert meta.paths is not None and meta.checksums is not None  # arrays=True
+    assert meta.paths is not None and meta.checksums is not None  # arrays=True; checksums under each part's algorithm (Part.checksum)
     paths = meta.paths.tolist()
     mask_paths = meta.mask_paths.tolist() if meta.mask_paths is not None and len(meta.mask_paths) == meta.count else None
     with_source = source is not None
@@ -169,7 +169,7 @@ def verify_lmdb(
                 if value is None:
                     report.problems.append(f"record {index}{where} ({relpath}): missing")
                     continue
-                if fmt.checksum(value) != expected.tobytes():
+                if fmt.checksum(value, part.checksum) != expected.tobytes():
                     report.problems.append(f"record {index}{where} ({relpath}): checksum mismatch, the database is damaged")
                     continue
                 if relpath in files:

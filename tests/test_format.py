@@ -44,8 +44,17 @@ def test_v2_header_is_small_and_arrays_round_trip(folder_and_db: tuple[Path, Pat
     assert meta.paths is not None and meta.paths.tolist() == raw.paths
     assert any(not p.isascii() for p in meta.paths.tolist())
     assert meta.checksums is not None and meta.checksums.shape == (meta.count, fmt.CHECKSUM_SIZE)
+    assert obj["checksum"] == meta.checksum == "crc32-len" and not meta.checksums.flags.writeable
+    assert [fmt.checksum(raw_value) for raw_value in _records(db)] == [row.tobytes() for row in meta.checksums]
     lean = database.load_meta(db)
-    assert lean.paths is None and lean.checksums is None, "opening reads the header and targets only"
+    assert lean.paths is None and lean.checksums is None, "opening reads the header, targets and what a read checks"
+    assert lean.read_checks is not None and lean.read_checks.dtype == np.dtype("<u4") and not lean.read_checks.flags.writeable
+    assert lean.read_checks.tobytes() == meta.checksums[:, :4].tobytes(), "each record's CRC-32, the first 4 bytes of its checksum"
+
+
+def _records(db: Path) -> list[bytes]:
+    with envs.reading(db) as opened, opened.env.begin(db=opened.records) as txn:
+        return [bytes(value) for _, value in txn.cursor()]
 
 
 def test_path_table_keeps_undecodable_names() -> None:
@@ -65,7 +74,17 @@ def _flip(path: Path, key: bytes) -> None:
     env.close()
 
 
-@pytest.mark.parametrize("array", ["paths", "path_offsets", "checksums"])
+def test_a_damaged_checksums_array_is_refused_at_open(folder_and_db: tuple[Path, Path], tmp_path: Path) -> None:
+    _, db = folder_and_db
+    damaged = Path(shutil.copyfile(db, tmp_path / "damaged.lmdb"))
+    _flip(damaged, fmt.ARRAYS["checksums"][0])
+    with pytest.raises(fmt.DatabaseError, match="checksums array .* does not match its digest"):
+        LMDBImageDataset(damaged)  # every record read is checked against it: it is read (and checked) at open
+    with pytest.raises(fmt.DatabaseError, match="checksums array .* does not match its digest"):
+        verify_lmdb(damaged)
+
+
+@pytest.mark.parametrize("array", ["paths", "path_offsets"])
 def test_a_damaged_array_read_on_demand_is_refused(folder_and_db: tuple[Path, Path], tmp_path: Path, array: str) -> None:
     _, db = folder_and_db
     damaged = Path(shutil.copyfile(db, tmp_path / "damaged.lmdb"))
