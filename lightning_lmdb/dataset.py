@@ -23,11 +23,11 @@ Per-process cost that does not grow with the dataset (measured at ImageNet's 1,2
   not copy them page by page (a Python list of 1.28M targets and paths cost ~165 MiB per worker).
 * Paths are read only when needed (``paths``, error messages): the name of a sample is built on error.
 * Every record read is checked against its stored checksum before it is decoded or deferred to the batched device
-  decode (``crc32-len``: ``zlib.crc32``, ~25 us per 100 KB; an older database's ``blake2b-64``), but a ``zstd pixels``
+  decode (``xxh3-64``, ~2 us per 100 KB; an older database's ``blake2b-64``), but a ``zstd pixels``
   record, whose frame carries its own content checksum (its header is checked against the frame's content size): a
   damaged record raises :class:`~lightning_lmdb.errors.DatabaseError` naming it, its source file and what to do, and is
   never served. Block reads only warm the page cache: their records are checked here too. What a read compares is one
-  read-only ``uint32`` array (the stored checksums' first 4 bytes: the CRC-32; 5 MB at ImageNet size,
+  read-only ``uint32`` array (the stored checksums' first 4 bytes: the low half of the hash; 5 MB at ImageNet size,
   :func:`lightning_lmdb.format.read_check_table`), read with the targets, shared by forked workers.
 * A pickled :class:`LMDBImageDataset` (what a ``spawn`` / ``forkserver`` worker receives) holds the
   database path and the steps of its view (:mod:`lightning_lmdb.views`), not a row list; each process

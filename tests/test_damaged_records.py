@@ -167,7 +167,7 @@ def test_single_bit_flips_in_records_are_never_served_as_wrong_pixels(databases:
             for outcome in got:
                 outcomes[outcome.split(":")[0]] = outcomes.get(outcome.split(":")[0], 0) + 1
                 checked = name == "mask" or codecs[row] != codec.ZSTD_PIXELS  # else its frame's checksum may be relied on
-                if outcome not in ("same", "refused") or (checked and outcome != "refused"):  # a CRC catches every single-bit flip
+                if outcome not in ("same", "refused") or (checked and outcome != "refused"):  # a 32-bit check misses one flip in 2**32
                     bad.append(f"{name} record {row} ({codec.RECORD_CODECS[codecs[row]].name}) byte {byte} bit {bit}: {outcome}")
             damaged.unlink()
     assert not bad, f"{len(bad)} damaged reads served or crashed ({outcomes}):\n" + "\n".join(bad)
@@ -190,7 +190,7 @@ def test_a_flipped_jpeg_record_is_refused_naming_it_and_what_to_do(databases: di
         dataset[row]
     message = str(info.value)
     assert f"[{row}]" in message and dataset.paths[row] in message and str(damaged) in message
-    assert "does not match its checksum (crc32-len)" in message and f"lightning-lmdb verify {damaged}" in message
+    assert "does not match its checksum (xxh3-64)" in message and f"lightning-lmdb verify {damaged}" in message
     assert "rebuild" in message
     assert dataset[(row + 1) % len(dataset)] is not None, "the other records are still served"
 
@@ -272,7 +272,7 @@ def test_a_flipped_zstd_pixel_header_is_a_database_error(databases: dict[str, Pa
 
 
 def _to_legacy(db: Path, out: Path | None = None) -> Path:
-    """A copy of ``db`` (``None``: ``db`` itself) whose checksums and header are what a build before ``crc32-len`` wrote
+    """A copy of ``db`` (``None``: ``db`` itself) whose checksums and header are what a build before ``xxh3-64`` wrote
     (``blake2b-64``)."""
     if out is None:
         out = db
@@ -311,16 +311,16 @@ def test_an_unknown_checksum_algorithm_is_refused_naming_the_field(databases: di
     envs.close_all()
     env = lmdb.open(str(out), subdir=False, max_dbs=3, lock=False)
     with env.begin(write=True) as txn:
-        fmt.write_meta(txn, dataclasses.replace(meta, checksum="xxh3-64"))
+        fmt.write_meta(txn, dataclasses.replace(meta, checksum="xxh128"))
     env.close()
-    with pytest.raises(DatabaseError, match=r"field 'checksum' is 'xxh3-64', not one of .*upgrade"):
+    with pytest.raises(DatabaseError, match=r"field 'checksum' is 'xxh128', not one of .*upgrade"):
         LMDBImageDataset(out)
 
 
 def test_a_sharded_database_checks_each_shard_with_its_algorithm(tmp_path: Path) -> None:
     folder = build(_source(tmp_path / "src"), tmp_path / "sharded", shards=2, workers=0, progress=False).path
     shard_parts = database.open_database(folder)[1]
-    assert [p.checksum for p in shard_parts] == ["crc32-len", "crc32-len"]
+    assert [p.checksum for p in shard_parts] == ["xxh3-64", "xxh3-64"]
     row = database.load_meta(folder).count - 1  # a/photo2.jpg, in the second shard
     assert database.load_meta(folder).codecs[row] == codec.JPEG
     local = row - shard_parts[1].offset
@@ -338,13 +338,13 @@ def test_a_sharded_database_resumed_across_the_change_checks_each_shard_with_its
     folder = build(_source(tmp_path / "src"), tmp_path / "sharded", shards=2, workers=0, progress=False).path
     part = database.open_database(folder)[1][1]  # the photos (JPEG records); shard 0 holds the icons (zstd pixels)
     second = Path(part.path)
-    _to_legacy(second)  # as a build before crc32-len wrote it; the manifest records its new header digest
+    _to_legacy(second)  # as a build before xxh3-64 wrote it; the manifest records its new header digest
     manifest = json.loads((folder / "manifest.json").read_text())
     with envs.reading(second) as opened, opened.env.begin() as txn:
         manifest["shards"][1]["digest"] = fmt.header_digest(txn)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     envs.close_all()
-    assert [p.checksum for p in database.open_database(folder)[1]] == ["crc32-len", "blake2b-64"]
+    assert [p.checksum for p in database.open_database(folder)[1]] == ["xxh3-64", "blake2b-64"]
     assert verify_lmdb(folder).ok
     dataset = LMDBImageDataset(folder)
     assert all(dataset[i] is not None for i in range(len(dataset))), "each shard's records pass under their own algorithm"
@@ -357,10 +357,10 @@ def test_a_sharded_database_resumed_across_the_change_checks_each_shard_with_its
         LMDBImageDataset(folder)[part.offset + local]
 
 
-# --- resume of a partial build begun before crc32-len ------------------------------------------------------------------
+# --- resume of a partial build begun before xxh3-64 ------------------------------------------------------------------
 
 
-def test_a_partial_build_begun_with_blake2b_resumes_into_crc32_checksums(tmp_path: Path) -> None:
+def test_a_partial_build_begun_with_blake2b_resumes_into_xxh3_checksums(tmp_path: Path) -> None:
     source = _source(tmp_path / "src")
     (source / "a" / "zz_bad.jpg").write_bytes(b"not a jpeg")  # the last file: the build stops there, the rest committed
     target = tmp_path / "out.lmdb"
@@ -383,5 +383,5 @@ def test_a_partial_build_begun_with_blake2b_resumes_into_crc32_checksums(tmp_pat
     assert report.action == "resumed" and report.records_written == 1 and report.count == 7
     meta = database.load_meta(target, arrays=True)
     _, values = read_records(target)
-    assert meta.checksum == "crc32-len" and [row.tobytes() for row in meta.checksums] == [fmt.checksum(v) for v in values]
+    assert meta.checksum == "xxh3-64" and [row.tobytes() for row in meta.checksums] == [fmt.checksum(v) for v in values]
     assert verify_lmdb(target).ok

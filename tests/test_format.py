@@ -44,12 +44,12 @@ def test_v2_header_is_small_and_arrays_round_trip(folder_and_db: tuple[Path, Pat
     assert meta.paths is not None and meta.paths.tolist() == raw.paths
     assert any(not p.isascii() for p in meta.paths.tolist())
     assert meta.checksums is not None and meta.checksums.shape == (meta.count, fmt.CHECKSUM_SIZE)
-    assert obj["checksum"] == meta.checksum == "crc32-len" and not meta.checksums.flags.writeable
+    assert obj["checksum"] == meta.checksum == "xxh3-64" and not meta.checksums.flags.writeable
     assert [fmt.checksum(raw_value) for raw_value in _records(db)] == [row.tobytes() for row in meta.checksums]
     lean = database.load_meta(db)
     assert lean.paths is None and lean.checksums is None, "opening reads the header, targets and what a read checks"
     assert lean.read_checks is not None and lean.read_checks.dtype == np.dtype("<u4") and not lean.read_checks.flags.writeable
-    assert lean.read_checks.tobytes() == meta.checksums[:, :4].tobytes(), "each record's CRC-32, the first 4 bytes of its checksum"
+    assert lean.read_checks.tobytes() == meta.checksums[:, :4].tobytes(), "the low half of each hash"
 
 
 def _records(db: Path) -> list[bytes]:
