@@ -421,9 +421,10 @@ def ceiling(kind: str, decoder: str | None, decode_size: int | None, store: dict
     return len(blobs) / max(results)
 
 
-def run_measure(payload: dict[str, Any]) -> dict[str, Any]:
-    """Run :func:`measure` or :func:`ceiling` in a fresh Python process; return its JSON result."""
-    done = subprocess.run([sys.executable, str(HERE), "--child"], input=json.dumps(payload), capture_output=True, text=True)
+def run_measure(payload: dict[str, Any], script: Path = HERE) -> dict[str, Any]:
+    """Run ``script --child`` (this one's: :func:`measure` or :func:`ceiling`) in a fresh Python process with ``payload`` on its
+    standard input; return the last JSON line it prints."""
+    done = subprocess.run([sys.executable, str(script), "--child"], input=json.dumps(payload), capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"measuring {payload.get('label')} failed:\n{done.stderr[-3000:]}")

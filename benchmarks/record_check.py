@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -76,11 +75,7 @@ def _child(payload: dict[str, Any]) -> None:
 
 
 def _measure(payload: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, str(HERE), "--child"], input=json.dumps(payload), capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"measuring {payload['label']} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    return peers.run_measure(payload, HERE)
 
 
 def in_process(path: str, options: dict[str, Any], passes: int) -> dict[str, float]:
