@@ -115,7 +115,7 @@ def _unreadable(exc: OSError, path: str, what: str) -> str:
     """Why ``what`` (the file at ``path``) cannot be read: missing, not permitted (then: check its permissions), or the OS error."""
     if exc.errno == errno.ENOENT:
         broken = " (a symbolic link to a missing file)" if os.path.islink(path) else ""
-        return f"cannot read {what}: no such file{broken}"
+        return f"cannot read {what}: no such file{broken}."
     hint = " Check its permissions." if exc.errno in (errno.EACCES, errno.EPERM) else ""
     return f"cannot read {what} ({exc.strerror or exc}).{hint}"
 

@@ -39,7 +39,7 @@ BAD = {
     "truncated-jpeg": ("x_truncated.jpg", _write(truncated_jpeg), "corrupt or truncated"),
     "not-an-image": ("x_text.jpg", _write(lambda: b"hello, I am not a JPEG" * 10), "not an image"),
     "bomb": ("x_bomb.png", _write(bomb_png), "exceeds the limit"),
-    "dangling-symlink": ("x_dangling.jpg", _dangling, "cannot read the file: no such file (a symbolic link to a missing file)"),
+    "dangling-symlink": ("x_dangling.jpg", _dangling, "cannot read the file: no such file (a symbolic link to a missing file)."),
     "fifo": ("x.png", os.mkfifo, "is a FIFO"),
 }
 LAYOUTS = ("classes", "flat")
@@ -105,7 +105,7 @@ def test_every_bad_file_is_skipped_and_recorded(tmp_path: Path, layout: str) -> 
 
 
 @pytest.mark.parametrize(("error", "reason"), [
-    (FileNotFoundError(errno.ENOENT, "No such file or directory"), "cannot read the file: no such file"),
+    (FileNotFoundError(errno.ENOENT, "No such file or directory"), "cannot read the file: no such file."),
     (PermissionError(errno.EACCES, "Permission denied"), "cannot read the file (Permission denied). Check its permissions."),
     (OSError(errno.EIO, "Input/output error"), "cannot read the file (Input/output error)."),
 ])
