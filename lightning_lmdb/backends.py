@@ -1,5 +1,10 @@
 """What ``LMDBDataModule`` does per backend: build and serve LMDB files (:class:`LMDBBackend`) or the source itself (:class:`RawBackend`:
-the image files, or a Dataset source's own samples)."""
+the image files, or a Dataset source's own samples).
+
+A backend is made from a :class:`~lightning_lmdb.dm_plan.DataPlan` (what the constructor decided once) and :class:`Hooks` (the
+few steps a DataModule subclass may wrap: paths, timings, the node); it never sees the DataModule. It finds (and keeps) each split's
+labels before ``setup`` and its build options (:meth:`ServingBackend.split_options`).
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,18 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_lmdb import blockread, database, datasource, folder, fsops, manifest, masks, netfs, sources
+from lightning_lmdb import blockread, database, datasource, folder, fsops, manifest, netfs, sources
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset
+from lightning_lmdb.dm_plan import DataPlan, recorded_root  # noqa: F401 (recorded_root: re-exported, it was defined here)
 from lightning_lmdb.errors import CacheDirError, SourceError
 from lightning_lmdb.format import DatabaseError, Metadata
 from lightning_lmdb.options import BuildOptions
@@ -24,9 +32,6 @@ from lightning_lmdb.rawdataset import RawImageDataset, SampleReads, SourceDatase
 from lightning_lmdb.sources import SourceScan, scan_source
 from lightning_lmdb.staging import stage, staged_path
 from lightning_lmdb.writer import build_lmdb, build_shards, find_bad_files
-
-if TYPE_CHECKING:
-    from lightning_lmdb.datamodule import LMDBDataModule
 
 log = logging.getLogger(__name__)
 
@@ -56,177 +61,74 @@ def writing_to(folder: Path, option: str) -> Iterator[None]:
         ) from exc
 
 
-def recorded_root(given: Path) -> Path:
-    """The source folder a given database records it was built from (its paths are relative to it)."""
-    return Path(database.load_meta(given).source.root)
-
-
 #: The target kinds whose targets index the classes: a val or test split's are mapped through the training split's classes.
 _CLASS_KINDS = ("class", "multilabel")
-
-
-def _served_meta(dm: LMDBDataModule, split: str | None = None) -> tuple[str, Path | Any, Metadata | None, ModuleType | None]:
-    """``split`` (default: ``dm``'s first) and its source, the metadata of the database served for it without reading the source (a
-    given database, or with ``on_stale="ignore"`` an existing one whose source is gone), and the source's kind."""
-    split, given = next((s, d) for s, d in dm.dirs.items() if d is not None and split in (None, s))
-    if split in dm.given_databases:
-        return split, given, database.load_meta(given), None
-    kind = sources.kind_of(given)
-    if kind is None and dm.backend == "lmdb":  # on_stale="ignore" serves an existing database without its folder
-        return split, given, database.load_meta(dm.database_path(split)), None
-    return split, given, None, kind
 
 
 def _meta_labels(meta: Metadata) -> sources.Labels:
     return sources.Labels(meta.classes, meta.class_to_idx, meta.target_kind, meta.target_names)
 
 
-class TargetsMixin:
-    """``LMDBDataModule``'s classes and targets: the training split's (else, without ``train_dir``, the first split's), its
-    dataset's once set up, before read as cheaply as it allows (a database's metadata, a folder's class folders, a manifest's
-    rows); and the build options of each split (:meth:`split_options`), which map val and test through training's classes."""
-
-    @property
-    def classes(self) -> list[str]:
-        """Class names in target order (``[]`` for a flat folder, or a source without classes)."""
-        return list(self._class_table()[0])
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        """Class name to target (``{}`` for a flat folder, or a source without classes)."""
-        return dict(self._class_table()[1])
-
-    @property
-    def num_classes(self) -> int:
-        """Number of classes (0 for a flat folder, or a source without classes).
-
-        A segmentation source's (target kind ``"mask"``) are the mask classes: ``manifest={"num_classes": N}`` (or
-        ``classes``) when given, else the largest mask value below ``ignore_index`` plus one, which only reading every mask
-        tells. Before ``setup`` that is the database's metadata: the LMDB backend builds the database for it if it is not
-        built and current yet (``prepare_data``'s work, done once: ``prepare_data`` then finds it current); the raw backend
-        reads its current database's, else every mask file once in this process (:meth:`Backend.mask_labels`).
-        """
-        return len(self._class_table()[0])
-
-    @property
-    def ignore_index(self) -> int | None:
-        """The mask value of unlabelled pixels of a segmentation source (target kind ``"mask"``; kept in the masks as it is,
-        not a class): its database's, else ``manifest={"ignore_index": ...}``, else 255. ``None`` for the other kinds."""
-        for dataset in self.datasets.values():  # type: ignore[attr-defined]
-            return dataset.ignore_index
-        if self.target_kind != "mask":
-            return None
-        meta = _served_meta(self)[2]  # type: ignore[arg-type]
-        found = getattr(meta, "ignore_index", None) if meta is not None else self.build_options.manifest.ignore_index  # type: ignore[attr-defined]
-        return masks.DEFAULT_IGNORE_INDEX if found is None else int(found)
-
-    @property
-    def target_kind(self) -> str:
-        """What a sample's target is: one of :data:`~lightning_lmdb.sources.TARGET_KINDS`."""
-        return self._target_table()[0]
-
-    @property
-    def target_names(self) -> list[str]:
-        """The names of a regression target's K values (``[]`` for the other kinds)."""
-        return list(self._target_table()[1])
-
-    def _reported(self: Any) -> Any:
-        """The dataset whose classes and targets the module reports: the training split's, else (no ``train_dir``) the first set
-        up; ``None`` when it is not set up (``setup("test")`` alone: the training split is read instead, as before ``setup``)."""
-        if "train" in self.datasets:
-            return self.datasets["train"]
-        return next(iter(self.datasets.values()), None) if self.dirs["train"] is None else None
-
-    def _class_table(self: Any) -> tuple[list[str], dict[str, int]]:
-        dataset = self._reported()
-        if dataset is not None:
-            return dataset.classes, dataset.class_to_idx
-        labels = self._labels()
-        if labels.target_kind == "mask" and not labels.classes:  # known from the masks: by the build, or by reading them
-            labels = self._backend.mask_labels(next(s for s, d in self.dirs.items() if d is not None))
-        return labels.classes, labels.class_to_idx
-
-    def _target_table(self: Any) -> tuple[str, list[str]]:
-        dataset = self._reported()
-        if dataset is not None:
-            return dataset.target_kind, dataset.target_names
-        labels = self._labels()
-        return labels.target_kind, labels.target_names
-
-    def _labels(self: Any, split: str | None = None) -> sources.Labels:
-        """The labels of ``split`` (default: the first split) read without its samples: a database's metadata, else its source's
-        (:func:`sources.labels_of`; a Dataset's: :meth:`Backend.dataset_labels`)."""
-        split, given, meta, kind = _served_meta(self, split)
-        if meta is not None:
-            return _meta_labels(meta)
-        if kind is datasource:
-            return self._backend.dataset_labels(split)
-        return sources.labels_of(given, self.build_options.manifest) if kind is not None else sources.Labels([], {}, "none")
-
-    def split_options(self: Any, split: str) -> BuildOptions:
-        """The build options of ``split``'s database (and of the raw backend's scan of its source), found once.
-
-        The module's options, but for a val or test folder or manifest whose own classes would get other targets than the training
-        split's (e.g. a test folder lacking one of training's class folders: the folders after it would shift down): there
-        ``classes`` is the training split's classes, so both backends serve each sample of class ``"x"`` with training's target
-        of ``"x"``, and the database's name changes with the mapping (its cache key holds the classes). A split whose classes get
-        training's targets already keeps the module's options (and its database).
-
-        Raises:
-            SourceError: The split has a class the training split lacks; or it is a given database or a Dataset (whose targets are
-                its own) that maps its classes to other targets than training (each named, with the fixes).
-        """
-        if split not in self._split_options:
-            self._split_options[split] = self._mapped_options(split)
-        return self._split_options[split]
-
-    def _mapped_options(self: Any, split: str) -> BuildOptions:
-        options, given = self.build_options, self.dirs[split]
-        kind = None if split in self.given_databases else sources.kind_of(given)
-        if split == "train" or given is None or self.dirs["train"] is None or (kind is None and split not in self.given_databases):
-            return options  # nothing to map, or nothing to map through, or (on_stale="ignore") no source to read
-        # a Dataset's classes only when known without reading its samples (its targets are its own: compared, never mapped)
-        own = sources.Labels(*datasource.classes(given, options.manifest), "class") if kind is datasource else self._labels(split)
-        if own.target_kind not in _CLASS_KINDS or not own.classes:
-            return options
-        train = self._labels("train")
-        if train.target_kind not in _CLASS_KINDS or not train.classes or own.class_to_idx == train.class_to_idx:
-            return options
-        where = f"{split}_dir {self.hparams[f'{split}_dir']!r}"
-        missing = [name for name in own.classes if name not in train.class_to_idx]
-        if missing:
-            raise SourceError(
-                f"{where} has the class(es) {', '.join(map(repr, missing))}, which train_dir {self.hparams['train_dir']!r} lacks: "
-                f"a model trained on its {len(train.classes)} classes cannot predict them. Add training samples of them to train_dir, "
-                f"remove them from {split}_dir, or name every class in target order for all splits: manifest={{'classes': [...]}} "
-                "(Hydra: data.manifest.classes=[...])."
-            )
-        if kind not in (folder, manifest):  # a database's targets are stored, a Dataset's are its own: they cannot be mapped here
-            moved = ", ".join(f"{name!r} is {k} there, {train.class_to_idx[name]} in training"
-                              for name, k in own.class_to_idx.items() if train.class_to_idx[name] != k)
-            fix = (f"or rebuild it with them (lightning-lmdb build ... --classes {','.join(train.classes)})" if kind is None else
-                   f"or make its targets index train_dir's classes {train.classes!r}")
-            raise SourceError(
-                f"{where} gives its classes other targets than train_dir ({moved}): its samples would be scored against the wrong "
-                f"classes. Pass its source (a folder or manifest) instead, which is mapped through train_dir's classes, {fix}."
-            )
-        return options.replace(classes=tuple(train.classes))
+def _no_step(name: str) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
 
 
-class Backend:
-    """Where a DataModule's samples come from; ``dm`` is the module whose folders, options and hooks it uses."""
+@dataclass(frozen=True)
+class Hooks:
+    """The steps of a backend that whoever serves it may wrap (``LMDBDataModule`` passes its own overridable methods).
 
-    def __init__(self, dm: LMDBDataModule):
-        self.dm = dm
+    Attributes:
+        source_path: ``split`` -> its source as read (default: the plan's :meth:`~lightning_lmdb.dm_plan.DataPlan.source_path`).
+        served_database_path: ``split`` -> the database the loaders read, unless staged (default: where it is built).
+        timed: A context around one step of ``prepare_data`` / ``setup`` (``prepare_s``, ``stage_s``).
+        after_reading_all: Called after the raw backend read each of these files once to validate them, as a build would.
+        node: ``(node rank, number of nodes)`` of the job.
+    """
+
+    source_path: Callable[[str], Path | Any] | None = None
+    served_database_path: Callable[[str], Path] | None = None
+    timed: Callable[[str], contextlib.AbstractContextManager[Any]] = _no_step
+    after_reading_all: Callable[[list[Path]], None] = lambda files: None
+    node: Callable[[], tuple[int, int]] = lambda: (0, 1)
+
+
+class ServingBackend:
+    """Where a DataModule's samples come from: made from its :class:`~lightning_lmdb.dm_plan.DataPlan` and :class:`Hooks`."""
+
+    def __init__(self, plan: DataPlan, hooks: Hooks | None = None):
+        self.plan = plan
+        self.hooks = hooks or Hooks()
         self.reads: dict[str, SampleReads] = {}  # split -> every sample of its Dataset read once (sample_reads)
         self.labels: dict[str, sources.Labels] = {}  # split -> its Dataset's labels before setup (dataset_labels)
+        self._split_options: dict[str, BuildOptions] = {}  # split -> its build options, found once (split_options)
 
     def splits(self) -> list[str]:
         """The splits with a folder."""
-        return [split for split, folder in self.dm.dirs.items() if folder is not None]
+        return self.plan.splits()
+
+    def source_path(self, split: str) -> Path | Any:
+        """The source of ``split`` as read (through :attr:`Hooks.source_path`)."""
+        return (self.hooks.source_path or self.plan.source_path)(split)
+
+    def database_path(self, split: str, options: BuildOptions | None = None) -> Path:
+        """Where the database of ``split``'s source lives (built with ``options``, default :meth:`split_options`); a given
+        database itself."""
+        if split in self.plan.given_databases:
+            return self.plan.given(split)
+        return self.plan.database_path(split, options or self.split_options(split))
+
+    def served_database_path(self, split: str) -> Path:
+        """The database of ``split`` as the loaders read it, unless staged (through :attr:`Hooks.served_database_path`)."""
+        return (self.hooks.served_database_path or self.database_path)(split)
+
+    def check_splits(self) -> None:
+        """Find each split's build options (:meth:`split_options`): a class the training split lacks is refused before any build."""
+        for split in self.splits():
+            self.split_options(split)
 
     def prepare(self) -> None:
         """``prepare_data``'s work (on each node's local rank 0): writes to disk only, sets no state."""
+        self.check_splits()
 
     def after_barrier(self) -> None:
         """``setup``'s first work, once Lightning's barrier after ``prepare_data`` is passed."""
@@ -243,8 +145,8 @@ class Backend:
         """The databases served (none for the raw backend)."""
         return []
 
-    def cached_files(self) -> list[str]:
-        """The files a cold-cache epoch evicts, on the disk."""
+    def cached_files(self, datasets: dict[str, _ImageDataset]) -> list[str]:
+        """The files a cold-cache epoch evicts, on the disk (``datasets``: those set up)."""
         raise NotImplementedError
 
     def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
@@ -255,23 +157,97 @@ class Backend:
         """Records per block of a block-shuffled order of ``split``."""
         return getattr(dataset, "block_size", None)
 
+    # --- labels and build options of each split, before setup --------------------------------------------------------------
+
+    def served_meta(self, split: str | None = None) -> tuple[str, Path | Any, Metadata | None, ModuleType | None]:
+        """``split`` (default: the first) and its source, the metadata of the database served for it without reading the source (a
+        given database, or with ``on_stale="ignore"`` an existing one whose source is gone), and the source's kind."""
+        plan = self.plan
+        split, given = next((s, d) for s, d in plan.dirs.items() if d is not None and split in (None, s))
+        if split in plan.given_databases:
+            return split, given, database.load_meta(given), None
+        kind = sources.kind_of(given)
+        if kind is None and plan.backend == "lmdb":  # on_stale="ignore" serves an existing database without its folder
+            return split, given, database.load_meta(self.database_path(split)), None
+        return split, given, None, kind
+
+    def split_labels(self, split: str | None = None) -> sources.Labels:
+        """The labels of ``split`` (default: the first split) read without its samples: a database's metadata, else its source's
+        (:func:`sources.labels_of`; a Dataset's: :meth:`dataset_labels`)."""
+        split, given, meta, kind = self.served_meta(split)
+        if meta is not None:
+            return _meta_labels(meta)
+        if kind is datasource:
+            return self.dataset_labels(split)
+        return sources.labels_of(given, self.plan.build_options.manifest) if kind is not None else sources.Labels([], {}, "none")
+
+    def split_options(self, split: str) -> BuildOptions:
+        """The build options of ``split``'s database (and of the raw backend's scan of its source), found once.
+
+        The plan's options, but for a val or test folder or manifest whose own classes would get other targets than the training
+        split's (e.g. a test folder lacking one of training's class folders: the folders after it would shift down): there
+        ``classes`` is the training split's classes, so both backends serve each sample of class ``"x"`` with training's target
+        of ``"x"``, and the database's name changes with the mapping (its cache key holds the classes). A split whose classes get
+        training's targets already keeps the plan's options (and its database).
+
+        Raises:
+            SourceError: The split has a class the training split lacks; or it is a given database or a Dataset (whose targets are
+                its own) that maps its classes to other targets than training (each named, with the fixes).
+        """
+        if split not in self._split_options:
+            self._split_options[split] = self._mapped_options(split)
+        return self._split_options[split]
+
+    def _mapped_options(self, split: str) -> BuildOptions:
+        plan = self.plan
+        options, given = plan.build_options, plan.dirs[split]
+        kind = None if split in plan.given_databases else sources.kind_of(given)
+        if split == "train" or given is None or plan.dirs["train"] is None or (kind is None and split not in plan.given_databases):
+            return options  # nothing to map, or nothing to map through, or (on_stale="ignore") no source to read
+        # a Dataset's classes only when known without reading its samples (its targets are its own: compared, never mapped)
+        own = sources.Labels(*datasource.classes(given, options.manifest), "class") if kind is datasource else self.split_labels(split)
+        if own.target_kind not in _CLASS_KINDS or not own.classes:
+            return options
+        train = self.split_labels("train")
+        if train.target_kind not in _CLASS_KINDS or not train.classes or own.class_to_idx == train.class_to_idx:
+            return options
+        where = f"{split}_dir {plan.given_as[split]!r}"
+        missing = [name for name in own.classes if name not in train.class_to_idx]
+        if missing:
+            raise SourceError(
+                f"{where} has the class(es) {', '.join(map(repr, missing))}, which train_dir {plan.given_as['train']!r} lacks: "
+                f"a model trained on its {len(train.classes)} classes cannot predict them. Add training samples of them to train_dir, "
+                f"remove them from {split}_dir, or name every class in target order for all splits: manifest={{'classes': [...]}} "
+                "(Hydra: data.manifest.classes=[...])."
+            )
+        if kind not in (folder, manifest):  # a database's targets are stored, a Dataset's are its own: they cannot be mapped here
+            moved = ", ".join(f"{name!r} is {k} there, {train.class_to_idx[name]} in training"
+                              for name, k in own.class_to_idx.items() if train.class_to_idx[name] != k)
+            fix = (f"or rebuild it with them (lightning-lmdb build ... --classes {','.join(train.classes)})" if kind is None else
+                   f"or make its targets index train_dir's classes {train.classes!r}")
+            raise SourceError(
+                f"{where} gives its classes other targets than train_dir ({moved}): its samples would be scored against the wrong "
+                f"classes. Pass its source (a folder or manifest) instead, which is mapped through train_dir's classes, {fix}."
+            )
+        return options.replace(classes=tuple(train.classes))
+
     def current_meta(self, split: str, scan: SourceScan) -> Metadata | None:
         """The metadata (with its arrays) of ``split``'s database in ``cache_dir`` when it is current: built from ``scan``'s source
-        as it is now, with this module's ``max_pixels``; else ``None``."""
-        built = self.dm.database_path(split)
+        as it is now, with the plan's ``max_pixels``; else ``None``."""
+        built = self.database_path(split)
         try:
             meta = database.load_meta(built, arrays=True) if built.exists() else None
         except (FileNotFoundError, DatabaseError):
             return None
         current = meta is not None and meta.source.fingerprint == scan.fingerprint()
-        return meta if current and meta.options.get("max_pixels") == self.dm.build_options.max_pixels else None
+        return meta if current and meta.options.get("max_pixels") == self.plan.build_options.max_pixels else None
 
     def sample_reads(self, split: str, scan: SourceScan | None = None) -> SampleReads:
         """Every sample of ``split``'s Dataset read once as a build reads them (:func:`~lightning_lmdb.rawdataset.read_samples`, by
-        ``build_workers`` reader processes; bad ones left out with ``on_error="skip"``, logged), kept for this module."""
+        ``build_workers`` reader processes; bad ones left out with ``on_error="skip"``, logged), kept for this backend."""
         if split not in self.reads:
-            options = self.dm.build_options
-            scan = scan or scan_source(self.dm.source_path(split), options.manifest)
+            options = self.plan.build_options
+            scan = scan or scan_source(self.source_path(split), options.manifest)
             reads = read_samples(scan, max_pixels=options.max_pixels, workers=options.workers, on_error=options.on_error)
             if reads.bad:
                 log.warning("%d bad samples of %s are left out, as a build leaves them out:\n%s", len(reads.bad), scan.root,
@@ -283,15 +259,16 @@ class Backend:
         """The classes of ``split``'s mask source before ``setup``, when only its masks tell them: its current database's (in
         ``cache_dir``), else :meth:`find_mask_labels`'s; found once."""
         if split not in self.labels:
-            scan = scan_source(self.dm.source_path(split), self.dm.build_options.manifest)
+            scan = scan_source(self.source_path(split), self.plan.build_options.manifest)
             meta = self.current_meta(split, scan)
             self.labels[split] = _meta_labels(meta) if meta is not None else self.find_mask_labels(split, scan)
         return self.labels[split]
 
     def find_mask_labels(self, split: str, scan: SourceScan) -> sources.Labels:
         """The classes of a mask source without a current database: every mask (but a build's bad files) read here."""
-        bad = {s.path for s in find_bad_files(scan, max_pixels=self.dm.build_options.max_pixels,
-                                              workers=self.dm.build_options.workers)} if self.dm.build_options.on_error == "skip" else set()
+        options = self.plan.build_options
+        bad = {s.path for s in find_bad_files(scan, max_pixels=options.max_pixels, workers=options.workers)} \
+            if options.on_error == "skip" else set()
         classes = mask_classes(scan, bad)
         return sources.Labels(classes, {c: k for k, c in enumerate(classes)}, "mask")
 
@@ -300,7 +277,7 @@ class Backend:
         (:func:`~lightning_lmdb.rawdataset.source_labels`) when that tells them, else a current database's, else every
         sample read once (:meth:`sample_reads`, which the raw backend's ``setup`` then serves)."""
         if split not in self.labels:
-            source, options = self.dm.source_path(split), self.dm.build_options
+            source, options = self.source_path(split), self.plan.build_options
             found = source_labels(source, options.manifest, read_all=False, max_pixels=options.max_pixels)
             if found is None:
                 scan = scan_source(source, options.manifest)
@@ -310,22 +287,23 @@ class Backend:
         return self.labels[split]
 
 
-class LMDBBackend(Backend):
+class LMDBBackend(ServingBackend):
     """Builds each folder's database in ``prepare_data`` (this node's part of it on a shared file system), stages it, serves it.
 
     A given database is served as it is: never built, nothing written to ``cache_dir`` for it (it is staged like the others).
     """
 
     def prepare(self) -> None:
-        dm = self.dm
+        super().prepare()
+        plan = self.plan
         # mounted first: not part of prepare_s
-        to_build = {split: dm.source_path(split) for split in self.splits() if split not in dm.given_databases}
-        node, nodes = self._node()
-        with dm._timed("prepare_s"):
+        to_build = {split: self.source_path(split) for split in self.splits() if split not in plan.given_databases}
+        node, nodes = self.hooks.node()
+        with self.hooks.timed("prepare_s"):
             for split, source in to_build.items():
-                target, options = dm.database_path(split), dm.split_options(split)
-                with writing_to(dm.cache_dir, "cache_dir"):
-                    if not (dm.shared_filesystem and nodes > 1):
+                target, options = self.database_path(split), self.split_options(split)
+                with writing_to(plan.cache_dir, "cache_dir"):
+                    if not (plan.shared_filesystem and nodes > 1):
                         build_lmdb(source, target, options)
                     elif options.shards is not None:  # this node's shards; the node completing the last one writes the manifest
                         mine = list(range(node, options.shards, nodes))
@@ -335,7 +313,7 @@ class LMDBBackend(Backend):
                         build_lmdb(source, target, options)
                     if node == 0 and target.exists():
                         self._retire_old_default(split, target)
-        if not (dm.shared_filesystem and nodes > 1):  # else after the barrier: another node may still be building them here
+        if not (plan.shared_filesystem and nodes > 1):  # else after the barrier: another node may still be building them here
             self._stage()
 
     def _retire_old_default(self, split: str, built: Path) -> None:
@@ -346,9 +324,9 @@ class LMDBBackend(Backend):
         as the images. It goes once the new one is built (with ``storage="encoded"`` asked for again, it is
         built again).
         """
-        if self.dm.build_options.storage != "auto":
+        if self.plan.build_options.storage != "auto":
             return
-        old = self.dm.database_path(split, self.dm.split_options(split).replace(storage="encoded"))
+        old = self.database_path(split, self.split_options(split).replace(storage="encoded"))
         if old == built or not old.exists():
             return
         for path in (old, *fsops.build_files(old)):
@@ -359,37 +337,31 @@ class LMDBBackend(Backend):
         log.info("Removed %s: the database of the former default storage='encoded', replaced by %s (storage='auto').", old, built)
 
     def after_barrier(self) -> None:
-        if self.dm.shared_filesystem and self._node()[1] > 1:  # every node's databases are complete now
+        if self.plan.shared_filesystem and self.hooks.node()[1] > 1:  # every node's databases are complete now
             self._stage()
 
     def _stage(self) -> None:
         """Copy each database to ``local_cache_dir`` (if set); a copy that is current is kept (one copy per node: staging locks)."""
-        dm = self.dm
-        if dm.local_cache_dir is None:
+        local = self.plan.local_cache_dir
+        if local is None:
             return
-        served = [dm.served_database_path(split) for split in self.splits()]  # mounted first
-        with dm._timed("stage_s"):
+        served = [self.served_database_path(split) for split in self.splits()]  # mounted first
+        with self.hooks.timed("stage_s"):
             for database in served:
-                with writing_to(dm.local_cache_dir, "local_cache_dir"):
-                    report = stage(database, dm.local_cache_dir)
+                with writing_to(local, "local_cache_dir"):
+                    report = stage(database, local)
                 rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
                                f"{report.seconds:.1f} s)")
 
-    def _node(self) -> tuple[int, int]:
-        """``(node rank, number of nodes)`` of the trainer's job (``(0, 1)`` without a trainer)."""
-        trainer = self.dm.trainer
-        if trainer is None:
-            return 0, 1
-        return int(getattr(trainer, "node_rank", 0)), int(getattr(trainer, "num_nodes", 1))
-
     def find_mask_labels(self, split: str, scan: SourceScan) -> sources.Labels:
-        """The classes of a mask source without a current database: what its database records, built here (``prepare_data``).
+        """The classes of a mask source without a current database: what its database records, built here (``prepare_data``'s
+        work, :meth:`prepare`, done once: ``prepare_data`` then finds it current).
 
         Raises:
             SourceError: The database is still missing (another node of a multi-node job builds it): pass ``num_classes``.
         """
-        self.dm.prepare_data()
-        built = self.dm.database_path(split)
+        self.prepare()
+        built = self.database_path(split)
         if not built.exists():
             raise SourceError(f"The mask classes of {str(scan.root)!r} are known once its database is built, which another node builds "
                               "(shared_filesystem): pass them before setup(), e.g. manifest={'num_classes': N} (Hydra: "
@@ -397,33 +369,33 @@ class LMDBBackend(Backend):
         return _meta_labels(database.load_meta(built))
 
     def served_path(self, split: str) -> Path:
-        """The database file the loaders of ``split`` read: its staged local copy, or the module's ``served_database_path``."""
-        if self.dm.local_cache_dir is not None:
-            return staged_path(self.dm.database_path(split), self.dm.local_cache_dir)
-        return self.dm.served_database_path(split)
+        """The database file the loaders of ``split`` read: its staged local copy, or :meth:`served_database_path`."""
+        if self.plan.local_cache_dir is not None:
+            return staged_path(self.database_path(split), self.plan.local_cache_dir)
+        return self.served_database_path(split)
 
     def open(self, split: str) -> LMDBImageDataset:
-        return LMDBImageDataset(self.served_path(split), readahead=self.dm.readahead)
+        return LMDBImageDataset(self.served_path(split), readahead=self.plan.readahead)
 
     def database_paths(self) -> list[Path]:
-        return [self.dm.database_path(split) for split in self.splits()]
+        return [self.database_path(split) for split in self.splits()]
 
-    def cached_files(self) -> list[str]:
+    def cached_files(self, datasets: dict[str, _ImageDataset]) -> list[str]:
         return [on_disk(f) for split in self.splits() for f in database.database_files(self.served_path(split))]
 
     def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
         return database.database_bytes(self.served_path(split))
 
 
-class RawBackend(Backend):
+class RawBackend(ServingBackend):
     """Serves the image files themselves: the same samples as the LMDB backend (``on_error="skip"`` leaves the same bad files out)."""
 
-    def __init__(self, dm: LMDBDataModule):
-        super().__init__(dm)
+    def __init__(self, plan: DataPlan, hooks: Hooks | None = None):
+        super().__init__(plan, hooks)
         self.sizes: dict[str, tuple[int, int]] = {}  # split -> (bytes, records) of what is served
 
     def served_path(self, split: str) -> Path:
-        return self.dm.source_path(split)
+        return self.source_path(split)
 
     def open(self, split: str) -> RawImageDataset | SourceDataset:
         """The files the LMDB backend would serve: the database's sample list when it is current, else validated like a build.
@@ -435,10 +407,10 @@ class RawBackend(Backend):
         A Dataset source's samples are its own (:class:`~lightning_lmdb.rawdataset.SourceDataset`), with the targets of a
         current database, else of every sample read once here (:meth:`sample_reads`, whatever ``on_error``: the targets).
         """
-        dm, options = self.dm, self.dm.split_options(split)
-        if split in dm.given_databases:
+        options = self.split_options(split)
+        if split in self.plan.given_databases:
             return self._open_given(split)
-        folder, built = dm.source_path(split), dm.database_path(split)
+        folder, built = self.source_path(split), self.database_path(split)
         scan = scan_source(folder, options.manifest)
         dataset = datasource.dataset_of(scan)
         meta = self.current_meta(split, scan)
@@ -456,12 +428,12 @@ class RawBackend(Backend):
         if bad:
             log.warning("The raw backend leaves out %d bad files of %s, as a build would:\n%s", len(bad), folder,
                         "\n".join(f"  {s.path}: {s.reason}" for s in bad))
-        dm._after_reading_all([f.path for f in scan.files])
+        self.hooks.after_reading_all([f.path for f in scan.files])
         return RawImageDataset.from_scan(scan, exclude={s.path for s in bad}, classes=classes)
 
     def _open_given(self, split: str) -> RawImageDataset:
         """The samples of the database given for ``split``, read from the files it was built from (its root must still exist)."""
-        given = self.dm.dirs[split]
+        given = self.plan.dirs[split]
         assert given is not None  # a given database
         meta = database.load_meta(given, arrays=True)
         if meta.source.root.startswith("<dataset "):  # datasource.scan's root: the dataset is not in the database
@@ -475,10 +447,10 @@ class RawBackend(Backend):
                 "or restore the files there."
             )
         self.sizes[split] = (database.database_bytes(given), meta.count)
-        return RawImageDataset.from_metadata(self.dm.source_path(split), meta)
+        return RawImageDataset.from_metadata(self.source_path(split), meta)
 
-    def cached_files(self) -> list[str]:
-        raw = {d.root: d for d in self.dm.datasets.values() if isinstance(d, RawImageDataset)}
+    def cached_files(self, datasets: dict[str, _ImageDataset]) -> list[str]:
+        raw = {d.root: d for d in datasets.values() if isinstance(d, RawImageDataset)}
         return [on_disk(path) for dataset in raw.values() for path in (*dataset.files(), *dataset.mask_files())]
 
     def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
@@ -491,4 +463,16 @@ class RawBackend(Backend):
 
 
 #: The backend class of each ``backend`` value.
-BACKEND_CLASSES: dict[str, type[Backend]] = {"lmdb": LMDBBackend, "raw": RawBackend}
+BACKEND_CLASSES: dict[str, type[ServingBackend]] = {"lmdb": LMDBBackend, "raw": RawBackend}
+
+#: Names kept for one release: old name -> (the object, its new name).
+_DEPRECATED = {"Backend": (ServingBackend, "ServingBackend")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        value, new = _DEPRECATED[name]
+        warnings.warn(f"lightning_lmdb.backends.{name} is deprecated, use lightning_lmdb.backends.{new}: the name {name!r} is "
+                      "also dm_options.Backend, the backend's name (a Literal).", DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -14,7 +12,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
-from lightning_lmdb import backends, datasource, envs, transforms
+from lightning_lmdb import backends, envs, transforms
 from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset, available_memory
 from lightning_lmdb.decoders import Decoder
 from lightning_lmdb.dm_loaders import DeviceBatchesMixin, LoadersMixin
@@ -37,6 +35,8 @@ from lightning_lmdb.dm_options import (
     source_dirs,
     source_splits,
 )
+from lightning_lmdb.dm_plan import DataPlan, database_name, given_folder  # noqa: F401 (re-exported: they were defined here)
+from lightning_lmdb.dm_targets import TargetsMixin
 from lightning_lmdb.errors import CacheDirError, OptionError  # noqa: F401 (CacheDirError: the backends raise it)
 from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
 from lightning_lmdb.sampler import ResumableDataLoader, Shuffle
@@ -60,33 +60,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "lightning_lmdb"
 
 
-def database_name(folder: Path | Any, options: BuildOptions, split: str = "") -> str:
-    """The file name of ``folder``'s database: its name and a hash of its path and of :meth:`BuildOptions.cache_key`.
-
-    For a map-style Dataset: its class name and a hash of its :func:`~lightning_lmdb.datasource.identity` (class, length, a
-    ``Subset``'s indices, a few samples' bytes, ``manifest.version``), the ``split`` it is given for (two datasets of one class
-    and length, e.g. ``MyDS("val")`` and ``MyDS("test")``, are two databases) and the cache key: the same in every process and
-    run, never of the object's ``id`` or ``repr``.
-    """
-    if isinstance(folder, Path):
-        text, name = f"{folder}", folder.name
-    else:
-        qualname = type(folder).__qualname__
-        text = f"{datasource.identity(folder, options.manifest.version)}\0{split}"
-        name = re.sub(r"[^\w.-]", "_", qualname.rsplit(".", 1)[-1])
-    key = hashlib.sha256(f"{text}{options.cache_key()}".encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    return f"{name}-{key}.lmdb"
-
-
-def given_folder(dirs: dict[str, Path | Any], split: str) -> Path | Any:
-    """The data given for ``split`` (a folder, a manifest, a database, or a Dataset); an :class:`OptionError` when none was."""
-    folder = dirs[split]
-    if folder is None:
-        raise OptionError(f"No {split}_dir was given.")
-    return folder
-
-
-class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
+class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.LightningDataModule):
     """Image folders (or manifests, or Datasets) served to Lightning from LMDB files (``backend="lmdb"``) or from the source.
 
     Every setting but ``backend`` is shared, so ``raw`` vs ``lmdb`` is an A/B of storage alone.
@@ -108,7 +82,7 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
             its data changes; the raw backend serves the Dataset
             itself, through the same decoding). Before ``setup``, a Dataset's ``classes`` / ``target_kind`` cost one sample
             read, or (classes found only in its samples) every sample read once, kept for ``setup``
-            (:meth:`backends.Backend.dataset_labels`).
+            (:meth:`backends.ServingBackend.dataset_labels`).
         val_dir: Validation images (as ``train_dir``); or leave ``None`` and hold out ``val_fraction`` of ``train_dir``.
         test_dir: Test images (as ``train_dir``; also used by ``predict_dataloader``); or leave ``None`` and hold out
             ``test_fraction`` of ``train_dir``.
@@ -125,13 +99,16 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         backend: ``"lmdb"`` or ``"raw"``.
         cache_dir: Where the databases go; default :func:`default_cache_dir`. Each folder gets
             ``<name>-<hash of its path, storage, resize and quality, shards>.lmdb`` (:meth:`BuildOptions.cache_key`).
-        storage: ``"encoded"`` (original bytes) or ``"decoded"`` (RGB pixels, no decode at read time).
+        storage: ``"auto"`` (the default: per image, lossy files and 16-bit PNGs keep their bytes, every other image is
+            stored as zstd-compressed RGB pixels), ``"encoded"`` (original bytes) or ``"decoded"`` (RGB pixels, no decode at read
+            time); see :class:`~lightning_lmdb.options.BuildOptions`.
         shards: ``None``: each database is one file. ``K``: a sharded database, a folder of ``K`` shard files and a
             manifest (:mod:`lightning_lmdb.shards`), built by ``K`` processes (``build_workers`` at a time) and, with
             ``shared_filesystem``, spread over the job's nodes. The same samples either way.
         resize: Pre-resized storage: the builder shrinks images whose shorter side is larger than this (aspect
-            kept, never upscaled) and stores them re-encoded (``encoded``) or as pixels (``decoded``); ``None``
-            keeps the originals. It changes the pixels the model sees, within the bound the README states.
+            kept, never upscaled) and stores them re-encoded (JPEG at ``quality`` for lossy sources; zstd pixels for lossless
+            ones with ``auto``, PNG with ``encoded``) or as pixels (``decoded``); ``None`` keeps the originals. It changes the
+            pixels the model sees, within the bound the README states.
         quality: JPEG quality of the images ``resize`` re-encodes.
         decoder: How records become pixels: ``"auto"`` (the fastest that keeps the parity policy, per record),
             ``"pil"`` (``ImageFolder``'s exact pixels), ``"torchcodec"`` or ``"opencv"`` (see
@@ -264,15 +241,23 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.build_options = build_options(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
                                            max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=manifest_given)
-        self._split_options: dict[str, BuildOptions] = {}  # split -> its build options, found once (split_options)
         self.decoder, self.decode_size, self.decode_device = decoder, decode_size, decode_device
         self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
         self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
         #: The splits given a database (served as it is) rather than a source.
         self.given_databases = given_databases(self.dirs, on_stale, self.local_cache_dir)
+        self.readahead = readahead
+        self.shared_filesystem = shared_filesystem  # prepare_data_per_node stays True: each node builds its part
+        #: What the backend serves, decided here once: it is given this plan, never the module.
+        self.plan = DataPlan(dirs=self.dirs, given_as=dict(zip(self.dirs, (train_dir, val_dir, test_dir))),
+                             given_databases=self.given_databases, build_options=self.build_options, cache_dir=self.cache_dir,
+                             local_cache_dir=self.local_cache_dir, backend=backend, readahead=readahead,
+                             shared_filesystem=shared_filesystem)
+        hooks = backends.Hooks(source_path=self.source_path, served_database_path=self.served_database_path, timed=self._timed,
+                               after_reading_all=self._after_reading_all, node=self._node)
+        self._backend: backends.ServingBackend = backends.BACKEND_CLASSES[backend](self.plan, hooks)
         check_folders(self.dirs, on_stale == "ignore" and backend == "lmdb", self.database_path, self.build_options.manifest,
                       self.given_databases)
-        self.readahead = readahead
         self.image_size = image_size
         self.train_transform, self.eval_transform = default_transforms(train_transform, eval_transform, image_size, finish_on_device,
                                                                        mean, std, decode_device)
@@ -281,11 +266,9 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.prefetch_factor, self.persistent_workers = prefetch_factor, persistent_workers
         self.multiprocessing_context = multiprocessing_context
-        self.shared_filesystem = shared_filesystem  # prepare_data_per_node stays True: each node builds its part
         self.datasets: dict[str, _ImageDataset] = {}
         #: The training order chosen at ``setup("fit")`` (``shuffle``, or what ``None`` picked); ``None`` before.
         self.train_shuffle: Shuffle | None = None
-        self._backend: backends.Backend = backends.BACKEND_CLASSES[backend](self)
         self._train_loader: ResumableDataLoader | None = None
         self._pending_train_state: dict[str, Any] | None = None
 
@@ -299,15 +282,12 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
             split: ``"train"``, ``"val"`` or ``"test"``.
             options: Where it would live if built with these options instead of this module's.
         """
-        if split in self.given_databases:
-            return given_folder(self.dirs, split)
-        return self.cache_dir / database_name(given_folder(self.dirs, split), options or self.split_options(split), split)
+        return self._backend.database_path(split, options)
 
     def source_path(self, split: str) -> Path | Any:
         """The source of ``split`` as this module reads it: the folder, manifest or Dataset, or the folder a given database was built
         from."""
-        given = given_folder(self.dirs, split)
-        return backends.recorded_root(given) if split in self.given_databases else given
+        return self.plan.source_path(split)
 
     def served_database_path(self, split: str) -> Path:
         """The database of ``split`` as the loaders read it (unless staged to ``local_cache_dir``)."""
@@ -326,6 +306,13 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
     def _after_reading_all(self, files: list[Path]) -> None:
         """Called after the raw backend read each of ``files`` once to validate them, as a build would."""
 
+    def _node(self) -> tuple[int, int]:
+        """``(node rank, number of nodes)`` of the trainer's job (``(0, 1)`` without a trainer)."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return int(getattr(trainer, "node_rank", 0)), int(getattr(trainer, "num_nodes", 1))
+
     def _before_epoch(self) -> Callable[[], None] | None:
         """What the training sampler calls before each epoch's first index (``None``: nothing)."""
         return None
@@ -338,15 +325,12 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
         Raises:
             SourceError: A val or test split with a class the training split lacks (:meth:`split_options`), before any build.
         """
-        for split in self._backend.splits():
-            self.split_options(split)
         self._backend.prepare()
 
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
         silence_the_both_hooks_warning()
-        for split in self._backend.splits():  # a class the training split lacks is refused before anything is served
-            self.split_options(split)
+        self._backend.check_splits()  # a class the training split lacks is refused before anything is served
         self._backend.after_barrier()
         for split in (s for s, folder in self.dirs.items() if folder is not None):  # mount first: not part of setup_s
             self._backend.served_path(split)
@@ -403,4 +387,4 @@ class LMDBDataModule(backends.TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl
 
     def cached_files(self) -> list[str]:
         """The files a cold-cache epoch evicts: the databases, or every raw image file."""
-        return self._backend.cached_files()
+        return self._backend.cached_files(self.datasets)
