@@ -73,6 +73,14 @@ def _no_step(name: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
+def _nothing_after(files: list[Path]) -> None:
+    pass
+
+
+def _one_node() -> tuple[int, int]:
+    return 0, 1
+
+
 @dataclass(frozen=True)
 class Hooks:
     """The steps of a backend that whoever serves it may wrap (``LMDBDataModule`` passes its own overridable methods).
@@ -88,8 +96,8 @@ class Hooks:
     source_path: Callable[[str], Path | Any] | None = None
     served_database_path: Callable[[str], Path] | None = None
     timed: Callable[[str], contextlib.AbstractContextManager[Any]] = _no_step
-    after_reading_all: Callable[[list[Path]], None] = lambda files: None
-    node: Callable[[], tuple[int, int]] = lambda: (0, 1)
+    after_reading_all: Callable[[list[Path]], None] = _nothing_after
+    node: Callable[[], tuple[int, int]] = _one_node
 
 
 class ServingBackend:
