@@ -35,7 +35,7 @@ from lightning_lmdb.dm_options import (
     source_dirs,
     source_splits,
 )
-from lightning_lmdb.dm_plan import DataPlan, database_name, given_folder  # noqa: F401 (re-exported: they were defined here)
+from lightning_lmdb.dm_plan import DataPlan, database_name, given_folder  # noqa: F401 (the last two re-exported: defined here before)
 from lightning_lmdb.dm_targets import TargetsMixin
 from lightning_lmdb.errors import CacheDirError, OptionError  # noqa: F401 (CacheDirError: the backends raise it)
 from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
