@@ -24,7 +24,7 @@ from lightning_lmdb import __version__
 from lightning_lmdb.decoders import DECODERS
 from lightning_lmdb.errors import LightningLMDBError, OptionError
 from lightning_lmdb.options import CHOICES, BuildOptions
-from lightning_lmdb.sources import TARGET_KINDS, ManifestOptions
+from lightning_lmdb.sources import TARGET_KINDS, ManifestOptions, describe_kind, describe_kinds
 
 if TYPE_CHECKING:
     from lightning_lmdb.verify import VerifyReport
@@ -101,8 +101,8 @@ _INT_FLAGS = ("ignore_index", "num_classes")
 
 def _add_manifest_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that say how to read a manifest source (a .csv, .tsv or .jsonl file listing the images)."""
-    group = parser.add_argument_group("manifest sources (a .csv, .tsv or .jsonl file listing the images, or a folder with metadata.csv "
-                                      "or metadata.jsonl) and segmentation masks (a mask column, or --masks-dir for an image folder)")
+    group = parser.add_argument_group(f"manifest sources ({describe_kind('manifest')}) and segmentation masks (a mask column, or "
+                                      "--masks-dir for an image folder)")
     for flag, field, metavar, text in _MANIFEST_FLAGS:
         choices = TARGET_KINDS if field == "target_kind" else None
         group.add_argument(flag, dest=f"manifest_{field}", default=None, choices=choices, metavar=metavar, help=text,
@@ -233,6 +233,14 @@ def _netfs(args: argparse.Namespace) -> int:
     return 0
 
 
+class _KindsHelp(str):
+    """A help text whose ``{kinds}`` becomes the registered source kinds (:func:`~lightning_lmdb.sources.describe_kinds`) only when
+    argparse shows it: listing them imports them, and ``info`` / ``verify`` never import torch."""
+
+    def __mod__(self, params: Any) -> str:
+        return str.__mod__(self.replace("{kinds}", describe_kinds(paths_only=True)), params)
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lightning-lmdb``."""
     parser = argparse.ArgumentParser(
@@ -241,9 +249,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lightning-lmdb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout, flat folder or a manifest: .csv, .tsv, .jsonl) into the LMDB "
-                                         "file TARGET (or a sharded folder)")
-    build.add_argument("source")
+    build = sub.add_parser("build", help=_KindsHelp("pack SOURCE ({kinds}) into the LMDB file TARGET (or a sharded folder)"))
+    build.add_argument("source", help=_KindsHelp("what to pack: {kinds}"))
     build.add_argument("target")
     # choices and defaults from BuildOptions, which checks every value
     build.add_argument("--storage", choices=CHOICES["storage"], default=BuildOptions.storage,

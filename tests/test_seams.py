@@ -1,9 +1,9 @@
-"""The extension seams: a new source kind is one module registered in ``sources.SOURCE_KINDS``; a new storage mode
-is one entry of ``codec.STORAGE_MODES``; a new decoder is one entry of ``decoders.DECODERS``."""
+"""The extension seams, each added from the test alone through its registration function: a source kind
+(``sources.register_source_kind``; the ``list`` kind of ``seamkit``), a storage mode and a record codec
+(``codec.register_storage_mode`` / ``codec.register_record_codec``) and a decoder (``decoders.register_decoder``)."""
 
 from __future__ import annotations
 
-import sys
 import zlib
 from pathlib import Path
 
@@ -15,45 +15,13 @@ from PIL import Image
 from lightning_lmdb import codec, options, sources
 from lightning_lmdb.datamodule import LMDBDataModule
 from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb.errors import OptionError
 from lightning_lmdb.transforms import eval_transform
 from lightning_lmdb.verify import verify_lmdb
 from lightning_lmdb.writer import build_lmdb
 
-# A whole source kind: a text file listing "relative-path class-index" lines beside the images.
-LIST_KIND = '''
-from pathlib import Path
-from lightning_lmdb.sources import SourceFile, SourceScan
 
-def accepts(path):
-    return path.suffix == ".list" and path.is_file()
-
-def scan(source, options=None):
-    listing = Path(source).resolve()
-    root, files = listing.parent, []
-    for line in listing.read_text().splitlines():
-        relpath, target = line.rsplit(" ", 1)
-        st = (root / relpath).stat()
-        files.append(SourceFile(str(root / relpath), relpath, int(target), st.st_size, st.st_mtime_ns))
-    return SourceScan(root=root, classes=["a", "b"], class_to_idx={"a": 0, "b": 1}, files=files)
-
-def has_samples(path, options=None):
-    return bool(path.read_text().strip())
-
-def classes(path, options=None):
-    return ["a", "b"], {"a": 0, "b": 1}
-'''
-
-
-@pytest.fixture
-def list_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    (tmp_path / "listkind.py").write_text(LIST_KIND)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sources, "SOURCE_KINDS", ("listkind", *sources.SOURCE_KINDS))
-    yield "listkind"
-    sys.modules.pop("listkind", None)
-
-
-def test_a_source_kind_is_one_module(list_kind: str, tmp_path: Path) -> None:
+def test_a_source_kind_is_one_module(list_kind, tmp_path: Path) -> None:
     images = tmp_path / "images"
     images.mkdir()
     for i in range(3):
@@ -82,6 +50,93 @@ def test_an_unknown_source_is_refused_naming_it(tmp_path: Path) -> None:
     stray.write_text("")
     with pytest.raises(FileNotFoundError, match="labels.list"):
         sources.scan_source(stray)
+
+
+def test_a_malformed_json_is_refused_with_what_the_kinds_accept(tmp_path: Path) -> None:
+    """The message lists every registered kind by its DESCRIPTION: true for a ``.json`` (not a manifest), and for a new kind."""
+    stray = tmp_path / "labels.json"
+    stray.write_text("{not json")
+    with pytest.raises(FileNotFoundError) as raised:
+        sources.scan_source(stray)
+    message = str(raised.value)
+    assert "labels.json" in message and "is a file that is none of" in message and "neither a folder nor a manifest" not in message
+    for name in ("manifest", "folder"):
+        assert sources.describe_kind(name) in message
+    assert "map-style Dataset" not in message, "a path is never a Dataset: that kind is not offered for one"
+    with pytest.raises(FileNotFoundError, match="a map-style Dataset"):
+        sources.scan_source(object())
+
+
+def test_a_registered_kinds_description_reaches_the_messages_and_the_cli_help(list_kind, tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(FileNotFoundError, match=r"a \.list file of"):
+        sources.scan_source(tmp_path / "missing.list")
+    from lightning_lmdb.cli import make_parser
+
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["build", "--help"])
+    assert "a .list file of" in " ".join(capsys.readouterr().out.split())
+    sources.unregister_source_kind(list_kind)
+    with pytest.raises(FileNotFoundError) as raised:
+        sources.scan_source(tmp_path / "missing.list")
+    assert "a .list file" not in str(raised.value)
+
+
+def test_kind_of_remembers_a_sources_kind_until_it_changes_or_a_kind_is_registered(tmp_path: Path) -> None:
+    calls: list[object] = []
+
+    class Counting:
+        NAME, DESCRIPTION = "counting", "anything it is asked about (counts the questions)"
+
+        def accepts(self, source: object) -> bool:
+            calls.append(source)
+            return False
+
+        scan = has_samples = classes = None
+
+    counting = sources.register_source_kind(Counting(), before="manifest")
+    try:
+        folder = tmp_path / "images"
+        folder.mkdir()
+        assert sources.kind_of(folder).NAME == "folder"
+        assert sources.kind_of(str(folder)).NAME == "folder" and len(calls) == 1, "asked once per path"
+        (folder / "metadata.csv").write_text("file_name,label\n")  # the folder's mtime changes: asked again
+        assert sources.kind_of(folder).NAME == "manifest" and len(calls) == 2
+        missing = tmp_path / "later"
+        assert sources.kind_of(missing) is None and sources.kind_of(missing) is None and len(calls) == 4, "a miss is never remembered"
+
+        class Samples:
+            def __len__(self) -> int:
+                return 1
+
+            def __getitem__(self, i: int) -> int:
+                return i
+
+        dataset = Samples()
+        assert sources.kind_of(dataset).NAME == "datasource" and sources.kind_of(dataset).NAME == "datasource" and len(calls) == 5
+        sources.register_source_kind(counting, before="manifest")  # a registration forgets every answer
+        assert sources.kind_of(dataset).NAME == "datasource" and sources.kind_of(folder).NAME == "manifest" and len(calls) == 7
+    finally:
+        sources.unregister_source_kind(counting)
+    assert [sources.kind_name(kind) for kind in sources.source_kinds()] == ["manifest", "folder", "datasource"]
+
+
+def test_a_source_kind_lacking_a_member_is_refused_naming_it() -> None:
+    class Half:
+        NAME, DESCRIPTION = "half", "half a kind"
+
+        def accepts(self, source: object) -> bool:
+            return False
+
+    with pytest.raises(OptionError, match="'half' lacks scan, has_samples, classes"):
+        sources.register_source_kind(Half())
+    with pytest.raises(OptionError, match="before='nope' names no registered source kind"):
+        sources.register_source_kind(sources.kind_of(Path(".")), before="nope")
+
+
+def test_source_kinds_is_still_readable_deprecated() -> None:
+    with pytest.warns(DeprecationWarning, match="register_source_kind"):
+        assert sources.SOURCE_KINDS == ("lightning_lmdb.manifest", "lightning_lmdb.folder", "lightning_lmdb.datasource")
 
 
 def test_a_storage_mode_is_one_registry_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
