@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from lightning_lmdb import __version__
-from lightning_lmdb.decoders import DECODERS
+from lightning_lmdb import __version__, decoders
 from lightning_lmdb.errors import LightningLMDBError, OptionError
 from lightning_lmdb.options import CHOICES, BuildOptions
 from lightning_lmdb.sources import TARGET_KINDS, ManifestOptions, describe_kind, describe_kinds
@@ -301,7 +300,7 @@ def make_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=None, help="samples per pass (default: every record)")
     bench.add_argument("--workers", type=int, default=None, help="build processes if a build is needed")
     bench.add_argument("--decode", action="store_true", help="also decode every sample to RGB")
-    bench.add_argument("--decoder", choices=DECODERS, default="pil", help="with --decode: the decoder (default: pil, ImageFolder's)")
+    bench.add_argument("--decoder", choices=decoders.DECODERS, default="pil", help="with --decode: decoder (default: pil, ImageFolder's)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the shuffled order")
     bench.add_argument("--latency-ms", type=float, default=None,
                        help="read through a latency mount adding this per request (emulated network storage; needs FUSE)")

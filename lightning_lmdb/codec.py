@@ -56,7 +56,7 @@ import numpy as np
 from PIL import Image
 
 from lightning_lmdb import zstd
-from lightning_lmdb.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor
+from lightning_lmdb.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor, returns_pil
 from lightning_lmdb.errors import RecordError
 from lightning_lmdb.imageinfo import ImageInfo, read_info
 
@@ -231,7 +231,7 @@ def _decode_file(value: bytes | memoryview, decoder: str, decode_size: int | Non
 
 
 def _to_image(pixels: np.ndarray, decoder: str) -> Image.Image | torch.Tensor:
-    return Image.fromarray(pixels) if decoder == "pil" else hwc_to_tensor(pixels)
+    return Image.fromarray(pixels) if returns_pil(decoder) else hwc_to_tensor(pixels)
 
 
 @dataclass(frozen=True)

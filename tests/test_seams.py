@@ -4,15 +4,17 @@
 
 from __future__ import annotations
 
+import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from imagegen import read_records
 from PIL import Image
 
-from lightning_lmdb import codec, options, sources
+from lightning_lmdb import codec, decoders, options, sources
 from lightning_lmdb.datamodule import LMDBDataModule
 from lightning_lmdb.dataset import LMDBImageDataset
 from lightning_lmdb.errors import OptionError
@@ -169,3 +171,52 @@ def test_a_storage_mode_is_one_registry_entry(tmp_path: Path, monkeypatch: pytes
         assert label == 0 and np.array_equal(np.asarray(image), np.asarray(Image.open(path).convert("RGB")))
     report = verify_lmdb(target, source=source)
     assert report.ok and report.checked == 3, report.problems
+
+
+def _negative_db(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
+    source = tmp_path / "src" / "cat"
+    source.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    pixels = [rng.integers(0, 255, (5, 6, 3), dtype=np.uint8) for _ in range(3)]
+    for i, image in enumerate(pixels):
+        Image.fromarray(image).save(source / f"{i}.png")
+    return build_lmdb(source.parent, tmp_path / "png.lmdb", storage="encoded", workers=0, progress=False), pixels
+
+
+@pytest.fixture
+def negative_decoder():
+    """``seamdecoder``'s ``"negative"`` decoder, registered on its import, removed (and the module forgotten) after the test."""
+    import seamdecoder
+
+    decoders.register_decoder(seamdecoder.NEGATIVE)  # again, should an earlier test have removed it
+    yield seamdecoder
+    decoders.unregister_decoder("negative")
+    sys.modules.pop("seamdecoder", None)
+
+
+def _read_all(dataset: LMDBImageDataset, context: str) -> list[np.ndarray]:
+    loader = torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=1, multiprocessing_context=context)
+    images, labels = next(iter(loader))
+    assert labels.tolist() == [0, 0, 0]
+    return [image.permute(1, 2, 0).numpy() for image in images]
+
+
+def test_a_decoder_is_one_registry_entry(negative_decoder, tmp_path: Path) -> None:
+    """Registered from the test alone: the dataset accepts its name and forked loader workers decode with it."""
+    target, pixels = _negative_db(tmp_path)
+    dataset = LMDBImageDataset(target, decoder="negative")
+    assert [np.array_equal(image, 255 - p) for image, p in zip(_read_all(dataset, "fork"), pixels)] == [True] * 3
+    assert any(line.startswith("negative: ") for line in decoders.parity_policy())
+    decoders.unregister_decoder("negative")
+    with pytest.raises(OptionError, match="decoder='negative' is not one of .*register_decoder"):
+        LMDBImageDataset(target, decoder="negative")
+
+
+@pytest.mark.slow
+def test_a_decoder_reaches_spawned_workers_through_a_module_they_import(negative_decoder, tmp_path: Path) -> None:
+    target, pixels = _negative_db(tmp_path)
+    dataset = LMDBImageDataset(target, transform=negative_decoder.keep, decoder="negative")
+    assert [np.array_equal(image, 255 - p) for image, p in zip(_read_all(dataset, "spawn"), pixels)] == [True] * 3
+    plain = LMDBImageDataset(target, decoder="negative")  # nothing the worker unpickles imports seamdecoder
+    with pytest.raises(Exception, match="register_decoder"):
+        _read_all(plain, "spawn")
