@@ -22,7 +22,7 @@ import lmdb
 
 from lightning_lmdb import __version__, decoders
 from lightning_lmdb.errors import LightningLMDBError, OptionError
-from lightning_lmdb.options import CHOICES, BuildOptions
+from lightning_lmdb.options import BuildOptions, choices
 from lightning_lmdb.sources import TARGET_KINDS, ManifestOptions, describe_kind, describe_kinds
 
 if TYPE_CHECKING:
@@ -252,13 +252,14 @@ def make_parser() -> argparse.ArgumentParser:
     build.add_argument("source", help=_KindsHelp("what to pack: {kinds}"))
     build.add_argument("target")
     # choices and defaults from BuildOptions, which checks every value
-    build.add_argument("--storage", choices=CHOICES["storage"], default=BuildOptions.storage,
+    valid = choices()
+    build.add_argument("--storage", choices=valid["storage"], default=BuildOptions.storage,
                        help="encoded: original bytes; decoded: RGB pixels (default: %(default)s)")
     build.add_argument("--workers", type=int, default=BuildOptions.workers,
                        help="reader processes (default: one per core; 0: in this process)")
-    build.add_argument("--on-error", choices=CHOICES["on_error"], default=BuildOptions.on_error,
+    build.add_argument("--on-error", choices=valid["on_error"], default=BuildOptions.on_error,
                        help="raise: stop at a bad file; skip: skip and record it (default: %(default)s)")
-    build.add_argument("--on-stale", choices=CHOICES["on_stale"], default=BuildOptions.on_stale,
+    build.add_argument("--on-stale", choices=valid["on_stale"], default=BuildOptions.on_stale,
                        help="when the source changed since the last build (default: %(default)s)")
     build.add_argument("--overwrite", action="store_true", default=BuildOptions.overwrite, help="rebuild even if up to date")
     build.add_argument("--max-pixels", type=int, default=BuildOptions.max_pixels,

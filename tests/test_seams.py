@@ -11,16 +11,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 from imagegen import read_records
 from PIL import Image
 
 from lightning_lmdb import codec, decoders, options, sources
+from lightning_lmdb.cli import make_parser
 from lightning_lmdb.datamodule import LMDBDataModule
 from lightning_lmdb.dataset import LMDBImageDataset
-from lightning_lmdb.errors import OptionError
+from lightning_lmdb.errors import DatabaseError, OptionError
 from lightning_lmdb.transforms import eval_transform
 from lightning_lmdb.verify import verify_lmdb
 from lightning_lmdb.writer import build_lmdb
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_a_source_kind_is_one_module(list_kind, tmp_path: Path) -> None:
@@ -141,27 +146,34 @@ def test_source_kinds_is_still_readable_deprecated() -> None:
         assert sources.SOURCE_KINDS == ("lightning_lmdb.manifest", "lightning_lmdb.folder", "lightning_lmdb.datasource")
 
 
-def test_a_storage_mode_is_one_registry_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A zlib-compressed pixel mode: one StorageMode, and one RecordCodec for its new record layout."""
-    zlib_codec = len(codec.RECORD_CODECS)
+@pytest.fixture
+def zlib_mode():
+    """A zlib-compressed pixel mode: one StorageMode, and one RecordCodec for its new record layout, registered from the test."""
     pixels = codec.RECORD_CODECS[codec.PIXELS]
-    record = codec.RecordCodec(zlib_codec, "zlib pixels", file_bytes=False,
-                               decode=lambda value, decoder, size, name: pixels.decode(zlib.decompress(value), decoder, size, name))
+    record = codec.register_record_codec(codec.RecordCodec(
+        len(codec.RECORD_CODECS), "zlib pixels", file_bytes=False,
+        decode=lambda value, decoder, size, name: pixels.decode(zlib.decompress(value), decoder, size, name)))
     decoded = codec.STORAGE_MODES["decoded"]
 
     def encode(data: bytes, image: Image.Image, resize: int | None, quality: int) -> tuple[int, bytes]:
-        return zlib_codec, zlib.compress(decoded.encode(data, image, resize, quality)[1])
+        return record.id, zlib.compress(decoded.encode(data, image, resize, quality)[1])
 
-    monkeypatch.setattr(codec, "RECORD_CODECS", (*codec.RECORD_CODECS, record))
-    monkeypatch.setitem(codec.STORAGE_MODES, "zlib", codec.StorageMode("zlib", encode, default_codec=None))
-    # What writing the entry into STORAGE_MODES's literal does at import: the valid values follow the registry.
-    monkeypatch.setattr(codec, "STORAGES", tuple(codec.STORAGE_MODES))
-    monkeypatch.setitem(options.CHOICES, "storage", codec.STORAGES)
+    yield codec.register_storage_mode(codec.StorageMode("zlib", encode, default_codec=None))
+    codec.unregister_storage_mode("zlib")
+    codec.unregister_record_codec(record)
+
+
+def _pngs(tmp_path: Path) -> Path:
     source = tmp_path / "src"
     (source / "cat").mkdir(parents=True)
     rng = np.random.default_rng(0)
     for i in range(3):
         Image.fromarray(rng.integers(0, 255, (7, 9, 3), dtype=np.uint8)).save(source / "cat" / f"{i}.png")
+    return source
+
+
+def test_a_storage_mode_is_one_registry_entry(zlib_mode: codec.StorageMode, tmp_path: Path) -> None:
+    source = _pngs(tmp_path)
 
     target = build_lmdb(source, tmp_path / "zlib.lmdb", storage="zlib", workers=0, progress=False)
 
@@ -171,6 +183,30 @@ def test_a_storage_mode_is_one_registry_entry(tmp_path: Path, monkeypatch: pytes
         assert label == 0 and np.array_equal(np.asarray(image), np.asarray(Image.open(path).convert("RGB")))
     report = verify_lmdb(target, source=source)
     assert report.ok and report.checked == 3, report.problems
+    assert options.CHOICES["storage"][-1] == "zlib" and make_parser().parse_args(["build", "s", "t", "--storage", "zlib"]).storage == "zlib"
+    codec.unregister_storage_mode("zlib")
+    with pytest.raises(OptionError, match="storage='zlib' is not one of 'auto', 'encoded', 'decoded'"):
+        options.BuildOptions(storage="zlib")
+    with pytest.raises(DatabaseError, match="register_storage_mode"):
+        LMDBImageDataset(target)
+
+
+def test_a_registered_storage_mode_is_a_plain_hydra_value(zlib_mode: codec.StorageMode, tmp_path: Path) -> None:
+    """No configs/storage file: ``data.storage=zlib`` reaches the DataModule and its build."""
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data.train_dir={_pngs(tmp_path)}", f"paths.data_dir={tmp_path}", "data.storage=zlib",
+                                          "data.val_fraction=0", "data.num_workers=0"])
+    data = instantiate(cfg.data)
+    assert data.build_options.storage == "zlib"
+    data.prepare_data()
+    meta, values = read_records(data.database_path("train"))
+    assert meta["storage"] == "zlib" and all(codec.decode_pixels(zlib.decompress(value)).shape == (7, 9, 3) for value in values)
+
+
+def test_a_record_codec_keeps_its_id() -> None:
+    with pytest.raises(OptionError, match="has id 2; the next free id is 6"):
+        codec.register_record_codec(codec.RecordCodec(2, "mine", codec.RECORD_CODECS[1].decode, file_bytes=False))
+    assert codec.register_record_codec(codec.RECORD_CODECS[2]) is codec.RECORD_CODECS[2], "registering a codec again changes nothing"
 
 
 def _negative_db(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
