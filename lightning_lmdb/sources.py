@@ -355,18 +355,21 @@ def labels_of(source: Any, options: ManifestOptions | None = None) -> Labels:
 def _kind_or_raise(source: Any) -> Any:
     kind = kind_of(source)
     if kind is None:
-        raise FileNotFoundError(f"Source {str(source)!r} is not a known source: {unknown_reason(source)} Pass the folder that holds "
-                                "your images, or a manifest listing them.")
+        reason = unknown_reason(source)
+        what = "" if reason.startswith("does not exist") else "is not a known source: "
+        raise FileNotFoundError(f"Source {str(source)!r} {what}{reason} Pass the folder that holds your images, or a manifest listing "
+                                "them.")
     return kind
 
 
 def unknown_reason(source: Any) -> str:
-    """Why no kind accepts ``source``: a sentence that lists what the registered kinds accept (:func:`describe_kinds`)."""
+    """Why no kind accepts ``source``: a sentence that lists what the registered kinds accept (:func:`describe_kinds`), either
+    ``"does not exist; a source is one of: ..."`` (to follow the path's name) or ``"it is a file that is none of: ..."``."""
     given = _as_source(source)
     if not isinstance(given, Path):
         what = f"it is a {type(given).__name__}, which is none of"
     elif not given.exists():
-        what = "it does not exist; a source is one of"
+        what = "does not exist; a source is one of"
     else:
         what = f"it is a {'file' if given.is_file() else 'folder' if given.is_dir() else 'path'} that is none of"
     return f"{what}: {describe_kinds(paths_only=isinstance(given, Path))}."
