@@ -41,6 +41,7 @@ import hashlib
 import importlib
 import os
 import stat
+import time
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -287,11 +288,19 @@ def _as_source(source: Any) -> Any:
     return Path(source).expanduser() if isinstance(source, (str, os.PathLike)) else source
 
 
+#: A path modified this recently has its kind asked again each time: file times are coarse (a few ms), so a folder that
+#: gains a ``metadata.csv`` within one tick of the last look would keep its mtime (as git's "racy" index entries).
+_RACY_NS = 2_000_000_000
+
+
 def _identity(path: Path) -> tuple[int, int, int, int] | None:
-    """What :func:`kind_of` remembers a path's kind by: its type, inode, device and modification time (``None``: missing)."""
+    """What :func:`kind_of` remembers a path's kind by: its type, inode, device and modification time (``None``: missing, or
+    modified within :data:`_RACY_NS`: not remembered)."""
     try:
         st = path.stat()
     except (OSError, ValueError):
+        return None
+    if time.time_ns() - st.st_mtime_ns < _RACY_NS:
         return None
     return st.st_mode, st.st_ino, st.st_dev, st.st_mtime_ns
 
@@ -300,7 +309,8 @@ def kind_of(source: Any) -> Any | None:
     """The first registered source kind that accepts ``source``; ``None`` if none does.
 
     The answer is remembered: a path's while its type, inode and modification time are unchanged (a folder that gains a
-    ``metadata.csv`` changes its mtime), an object's while it lives; a missing path's is never remembered.
+    ``metadata.csv`` changes its mtime), an object's while it lives; a missing path's, or one modified in the last two
+    seconds, is never remembered.
     """
     given = _as_source(source)
     if isinstance(given, Path):

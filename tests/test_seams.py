@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -105,12 +107,15 @@ def test_kind_of_remembers_a_sources_kind_until_it_changes_or_a_kind_is_register
     try:
         folder = tmp_path / "images"
         folder.mkdir()
+        os.utime(folder, ns=(time.time_ns() - 10**10,) * 2)  # 10 s old
         assert sources.kind_of(folder).NAME == "folder"
         assert sources.kind_of(str(folder)).NAME == "folder" and len(calls) == 1, "asked once per path"
-        (folder / "metadata.csv").write_text("file_name,label\n")  # the folder's mtime changes: asked again
-        assert sources.kind_of(folder).NAME == "manifest" and len(calls) == 2
+        (folder / "metadata.csv").write_text("file_name,label\n")  # the folder's mtime changes: asked again, each time while recent
+        assert sources.kind_of(folder).NAME == "manifest" and sources.kind_of(folder).NAME == "manifest" and len(calls) == 3
+        os.utime(folder, ns=(time.time_ns() - 10**10,) * 2)
+        assert sources.kind_of(folder).NAME == "manifest" and sources.kind_of(folder).NAME == "manifest" and len(calls) == 4
         missing = tmp_path / "later"
-        assert sources.kind_of(missing) is None and sources.kind_of(missing) is None and len(calls) == 4, "a miss is never remembered"
+        assert sources.kind_of(missing) is None and sources.kind_of(missing) is None and len(calls) == 6, "a miss is never remembered"
 
         class Samples:
             def __len__(self) -> int:
@@ -120,9 +125,9 @@ def test_kind_of_remembers_a_sources_kind_until_it_changes_or_a_kind_is_register
                 return i
 
         dataset = Samples()
-        assert sources.kind_of(dataset).NAME == "datasource" and sources.kind_of(dataset).NAME == "datasource" and len(calls) == 5
+        assert sources.kind_of(dataset).NAME == "datasource" and sources.kind_of(dataset).NAME == "datasource" and len(calls) == 7
         sources.register_source_kind(counting, before="manifest")  # a registration forgets every answer
-        assert sources.kind_of(dataset).NAME == "datasource" and sources.kind_of(folder).NAME == "manifest" and len(calls) == 7
+        assert sources.kind_of(dataset).NAME == "datasource" and sources.kind_of(folder).NAME == "manifest" and len(calls) == 9
     finally:
         sources.unregister_source_kind(counting)
     assert [sources.kind_name(kind) for kind in sources.source_kinds()] == ["manifest", "folder", "datasource"]
