@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from lightning_lmdb import __version__
-from lightning_lmdb.decoders import DECODERS
+from lightning_lmdb import __version__, decoders
 from lightning_lmdb.errors import LightningLMDBError, OptionError
-from lightning_lmdb.options import CHOICES, BuildOptions
-from lightning_lmdb.sources import TARGET_KINDS, ManifestOptions
+from lightning_lmdb.options import BuildOptions, choices
+from lightning_lmdb.sources import TARGET_KINDS, ManifestOptions, describe_kind, describe_kinds
 
 if TYPE_CHECKING:
     from lightning_lmdb.verify import VerifyReport
@@ -101,8 +100,8 @@ _INT_FLAGS = ("ignore_index", "num_classes")
 
 def _add_manifest_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that say how to read a manifest source (a .csv, .tsv or .jsonl file listing the images)."""
-    group = parser.add_argument_group("manifest sources (a .csv, .tsv or .jsonl file listing the images, or a folder with metadata.csv "
-                                      "or metadata.jsonl) and segmentation masks (a mask column, or --masks-dir for an image folder)")
+    group = parser.add_argument_group(f"manifest sources ({describe_kind('manifest')}) and segmentation masks (a mask column, or "
+                                      "--masks-dir for an image folder)")
     for flag, field, metavar, text in _MANIFEST_FLAGS:
         choices = TARGET_KINDS if field == "target_kind" else None
         group.add_argument(flag, dest=f"manifest_{field}", default=None, choices=choices, metavar=metavar, help=text,
@@ -233,6 +232,14 @@ def _netfs(args: argparse.Namespace) -> int:
     return 0
 
 
+class _KindsHelp(str):
+    """A help text whose ``{kinds}`` becomes the registered source kinds (:func:`~lightning_lmdb.sources.describe_kinds`) only when
+    argparse shows it: listing them imports them, and ``info`` / ``verify`` never import torch."""
+
+    def __mod__(self, params: Any) -> str:
+        return str.__mod__(self.replace("{kinds}", describe_kinds(paths_only=True)), params)
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lightning-lmdb``."""
     parser = argparse.ArgumentParser(
@@ -241,18 +248,18 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lightning-lmdb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    build = sub.add_parser("build", help="pack SOURCE (ImageFolder layout, flat folder or a manifest: .csv, .tsv, .jsonl) into the LMDB "
-                                         "file TARGET (or a sharded folder)")
-    build.add_argument("source")
+    build = sub.add_parser("build", help=_KindsHelp("pack SOURCE ({kinds}) into the LMDB file TARGET (or a sharded folder)"))
+    build.add_argument("source", help=_KindsHelp("what to pack: {kinds}"))
     build.add_argument("target")
     # choices and defaults from BuildOptions, which checks every value
-    build.add_argument("--storage", choices=CHOICES["storage"], default=BuildOptions.storage,
+    valid = choices()
+    build.add_argument("--storage", choices=valid["storage"], default=BuildOptions.storage,
                        help="encoded: original bytes; decoded: RGB pixels (default: %(default)s)")
     build.add_argument("--workers", type=int, default=BuildOptions.workers,
                        help="reader processes (default: one per core; 0: in this process)")
-    build.add_argument("--on-error", choices=CHOICES["on_error"], default=BuildOptions.on_error,
+    build.add_argument("--on-error", choices=valid["on_error"], default=BuildOptions.on_error,
                        help="raise: stop at a bad file; skip: skip and record it (default: %(default)s)")
-    build.add_argument("--on-stale", choices=CHOICES["on_stale"], default=BuildOptions.on_stale,
+    build.add_argument("--on-stale", choices=valid["on_stale"], default=BuildOptions.on_stale,
                        help="when the source changed since the last build (default: %(default)s)")
     build.add_argument("--overwrite", action="store_true", default=BuildOptions.overwrite, help="rebuild even if up to date")
     build.add_argument("--max-pixels", type=int, default=BuildOptions.max_pixels,
@@ -294,7 +301,7 @@ def make_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=None, help="samples per pass (default: every record)")
     bench.add_argument("--workers", type=int, default=None, help="build processes if a build is needed")
     bench.add_argument("--decode", action="store_true", help="also decode every sample to RGB")
-    bench.add_argument("--decoder", choices=DECODERS, default="pil", help="with --decode: the decoder (default: pil, ImageFolder's)")
+    bench.add_argument("--decoder", choices=decoders.DECODERS, default="pil", help="with --decode: decoder (default: pil, ImageFolder's)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the shuffled order")
     bench.add_argument("--latency-ms", type=float, default=None,
                        help="read through a latency mount adding this per request (emulated network storage; needs FUSE)")

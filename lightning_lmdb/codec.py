@@ -38,11 +38,12 @@ the pixels (:mod:`lightning_lmdb.zstd`: content size and content checksum on) at
 header says; a BMP, GIF, TIFF, ... whose three channels come out equal), replicated to RGB when read. The file codecs (``JPEG``, ``PNG``,
 ``WebP``, ``image file``) are image files' bytes, decoded by :mod:`lightning_lmdb.decoders`.
 
-**Adding a storage mode** is one :class:`StorageMode` entry in :data:`STORAGE_MODES` (and its name in
-``options.Storage``); a new record layout is one :class:`RecordCodec` at the end of
-:data:`RECORD_CODECS`. The option's valid values, the metadata check, the builder, the datasets,
-``verify`` and ``bench`` all read the registries. A new decoder is one entry of
-:data:`lightning_lmdb.decoders.DECODERS`.
+**Adding a storage mode** is one :class:`StorageMode` and one :func:`register_storage_mode` call; a new record
+layout is one :class:`RecordCodec` and one :func:`register_record_codec` call (its id: the next free one,
+``len(RECORD_CODECS)``). The library registers its own through them. The option's valid values (API, CLI,
+Hydra's ``data.storage=``), the metadata check, the builder, the datasets, ``verify`` and ``bench`` all read the
+registries (``options.Storage`` only documents the built-in modes). A new decoder is one
+:func:`lightning_lmdb.decoders.register_decoder` call.
 """
 
 from __future__ import annotations
@@ -56,15 +57,16 @@ import numpy as np
 from PIL import Image
 
 from lightning_lmdb import zstd
-from lightning_lmdb.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor
-from lightning_lmdb.errors import RecordError
+from lightning_lmdb.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor, returns_pil
+from lightning_lmdb.errors import OptionError, RecordError
 from lightning_lmdb.imageinfo import ImageInfo, read_info
 
 if TYPE_CHECKING:  # torch is imported where a tensor is made (decoders.hwc_to_tensor): info and verify do without it
     import torch
 
 __all__ = ["STORAGES", "STORAGE_MODES", "RECORD_CODECS", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordCodec", "RecordError",
-           "StorageMode", "decode_record", "encode_record", "encode_pixels", "decode_pixels", "encode_zstd_pixels", "decode_zstd_pixels",
+           "StorageMode", "register_record_codec", "register_storage_mode", "unregister_record_codec", "unregister_storage_mode",
+           "decode_record", "encode_record", "encode_pixels", "decode_pixels", "encode_zstd_pixels", "decode_zstd_pixels",
            "resize_pixels", "storage_mode"]
 
 #: JPEG quality of re-encoded lossy sources in a ``resize=`` build.
@@ -231,7 +233,7 @@ def _decode_file(value: bytes | memoryview, decoder: str, decode_size: int | Non
 
 
 def _to_image(pixels: np.ndarray, decoder: str) -> Image.Image | torch.Tensor:
-    return Image.fromarray(pixels) if decoder == "pil" else hwc_to_tensor(pixels)
+    return Image.fromarray(pixels) if returns_pil(decoder) else hwc_to_tensor(pixels)
 
 
 @dataclass(frozen=True)
@@ -256,8 +258,36 @@ class RecordCodec:
     self_checked: bool = False
 
 
-#: Every record codec, by id (the format stores the id: append new ones, never renumber).
-RECORD_CODECS: tuple[RecordCodec, ...] = (
+#: Every record codec, by id (the format stores the id: append new ones, never renumber): :func:`register_record_codec`.
+RECORD_CODECS: tuple[RecordCodec, ...] = ()
+
+
+def register_record_codec(codec: RecordCodec) -> RecordCodec:
+    """Register a record layout: its ``id`` must be the next free one (``len(RECORD_CODECS)``), or that of the codec of its name.
+
+    Returns:
+        ``codec`` (undo with :func:`unregister_record_codec`).
+
+    Raises:
+        OptionError: Another id (ids are stored in databases: never renumbered).
+    """
+    global RECORD_CODECS
+    same = codec.id < len(RECORD_CODECS) and RECORD_CODECS[codec.id].name == codec.name
+    if not same and codec.id != len(RECORD_CODECS):
+        raise OptionError(f"Record codec {codec.name!r} has id {codec.id}; the next free id is {len(RECORD_CODECS)} (databases store "
+                          "the ids: a codec is appended, never renumbered).")
+    RECORD_CODECS = (*RECORD_CODECS[:codec.id], codec, *RECORD_CODECS[codec.id + 1:])
+    return codec
+
+
+def unregister_record_codec(codec: RecordCodec) -> None:
+    """Remove the last registered record codec, ``codec`` (a test's own; an earlier one would renumber the rest)."""
+    global RECORD_CODECS
+    if RECORD_CODECS and RECORD_CODECS[-1] is codec:
+        RECORD_CODECS = RECORD_CODECS[:-1]
+
+
+for _codec in (
     RecordCodec(0, "image file", _decode_file, file_bytes=True),  # a file of another format (GIF, BMP, TIFF, ...), or unknown
     RecordCodec(1, "pixels", lambda value, decoder, size, name: _to_image(decode_pixels(value), decoder), file_bytes=False),
     RecordCodec(2, "zstd pixels", lambda value, decoder, size, name: _to_image(decode_zstd_pixels(value), decoder), file_bytes=False,
@@ -265,7 +295,8 @@ RECORD_CODECS: tuple[RecordCodec, ...] = (
     RecordCodec(3, "JPEG", _decode_file, file_bytes=True),
     RecordCodec(4, "PNG", _decode_file, file_bytes=True),
     RecordCodec(5, "WebP", _decode_file, file_bytes=True),
-)
+):
+    register_record_codec(_codec)
 FILE, PIXELS, ZSTD_PIXELS, JPEG, PNG, WEBP = range(6)
 _FILE_CODECS = {"jpeg": JPEG, "png": PNG, "webp": WEBP}
 
@@ -286,30 +317,55 @@ class StorageMode:
     default_codec: int | None
 
 
-#: Every storage mode, by name (the first is the default).
-STORAGE_MODES: dict[str, StorageMode] = {
-    mode.name: mode
-    for mode in (
-        StorageMode("auto", _encode_auto, default_codec=None),
-        StorageMode("encoded", _encode_file, default_codec=FILE),
-        StorageMode("decoded", _encode_decoded, default_codec=PIXELS),
-    )
-}
-#: The valid ``storage=`` values.
-STORAGES: tuple[str, ...] = tuple(STORAGE_MODES)
+#: Every storage mode, by name (the first is the default): :func:`register_storage_mode`.
+STORAGE_MODES: dict[str, StorageMode] = {}
+#: The valid ``storage=`` values (the registry's names).
+STORAGES: tuple[str, ...] = ()
+
+
+def register_storage_mode(mode: StorageMode) -> StorageMode:
+    """Make ``mode.name`` a valid ``storage=`` everywhere (``build_lmdb``, ``LMDBDataModule``, ``lightning-lmdb build --storage``,
+    Hydra's ``data.storage=``); one of that name is replaced.
+
+    Returns:
+        ``mode`` (undo with :func:`unregister_storage_mode`).
+
+    Raises:
+        OptionError: ``mode`` is not a :class:`StorageMode`, or its ``default_codec`` is no registered record codec.
+    """
+    global STORAGES
+    if not isinstance(mode, StorageMode) or not mode.name or not isinstance(mode.name, str):
+        raise OptionError(f"register_storage_mode() takes a lightning_lmdb.codec.StorageMode with a name, not {mode!r}.")
+    if mode.default_codec is not None and not 0 <= mode.default_codec < len(RECORD_CODECS):
+        raise OptionError(f"Storage mode {mode.name!r}'s default_codec={mode.default_codec} is no registered record codec.")
+    STORAGE_MODES[mode.name] = mode
+    STORAGES = tuple(STORAGE_MODES)
+    return mode
+
+
+def unregister_storage_mode(name: str) -> None:
+    """Remove the storage mode called ``name`` (nothing happens when there is none)."""
+    global STORAGES
+    STORAGE_MODES.pop(name, None)
+    STORAGES = tuple(STORAGE_MODES)
+
+
+register_storage_mode(StorageMode("auto", _encode_auto, default_codec=None))
+register_storage_mode(StorageMode("encoded", _encode_file, default_codec=FILE))
+register_storage_mode(StorageMode("decoded", _encode_decoded, default_codec=PIXELS))
 
 
 def storage_mode(name: str) -> StorageMode:
     """The :class:`StorageMode` called ``name``.
 
     Raises:
-        RecordError: No such storage mode (a database from a newer version of lightning_lmdb).
+        RecordError: No such storage mode (a database from a newer version of lightning_lmdb, or of a mode not registered here).
     """
     try:
         return STORAGE_MODES[name]
     except KeyError:
         raise RecordError(f"Storage {name!r} is not one of {', '.join(map(repr, STORAGES))}: the database was built by a newer "
-                          "lightning_lmdb; upgrade it.") from None
+                          "lightning_lmdb (upgrade it) or with a storage mode of your own (register_storage_mode() it first).") from None
 
 
 def record_codec(codec: int) -> RecordCodec:

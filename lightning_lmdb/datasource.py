@@ -64,8 +64,8 @@ from lightning_lmdb.codec import ImageDecodeError, encode_record
 from lightning_lmdb.errors import LightningLMDBError, NotRegularFileError, OptionError, SourceError
 from lightning_lmdb.sources import NO_TARGET, Labels, ManifestOptions, SourceFile, SourceScan, Target, read_file
 
-__all__ = ["DatasetScan", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of", "has_samples", "identity", "labels",
-           "read_sample", "record_entry", "sample_image", "sample_parts", "scan", "split_entry"]
+__all__ = ["DESCRIPTION", "DatasetScan", "NAME", "PATHS", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of",
+           "has_samples", "identity", "labels", "read_sample", "record_entry", "sample_image", "sample_parts", "scan", "split_entry"]
 
 #: The keys of a mapping sample that hold its image, then its target (the first one present is used).
 IMAGE_KEYS = ("image", "img")
@@ -96,6 +96,13 @@ class DatasetScan(SourceScan):
 
     dataset: Any = field(default=None, repr=False, compare=False)
     given_kind: str | None = None
+
+
+#: This source kind's name and what it accepts (:mod:`lightning_lmdb.sources`).
+NAME = "datasource"
+DESCRIPTION = "a map-style Dataset (any object with len() and [i], e.g. a torch or Hugging Face Dataset)"
+#: It never accepts a path (the CLI's help and the message about a path that is no source leave it out).
+PATHS = False
 
 
 def accepts(source: object) -> bool:

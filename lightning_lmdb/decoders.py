@@ -1,6 +1,6 @@
 """Decoders: encoded image bytes to RGB pixels, with PIL, TorchCodec, OpenCV, or the fastest per record.
 
-``decoder=`` (datasets, ``LMDBDataModule``, benchmarks):
+``decoder=`` (datasets, ``LMDBDataModule``, benchmarks) names a registered :class:`ImageDecoder`; the library registers:
 
 * ``"pil"`` -- ``ImageFolder``'s exact pixels: PIL, then ``convert("RGB")`` exactly like
   ``torchvision.datasets.folder.pil_loader``. Returns a PIL image (the datasets' default: a drop-in for
@@ -13,6 +13,12 @@
 * ``"auto"`` -- per record, the fastest library that meets the parity policy below (measured here):
   OpenCV for JPEG (grey or colour, 8-bit), PNG and still WebP; PIL for CMYK / YCCK and 12-bit JPEGs,
   animated WebP and every other format (GIF, BMP, TIFF, ...), converted to a tensor.
+
+**Adding a decoder** is one :class:`ImageDecoder` and one :func:`register_decoder` call (in a module of your own):
+``check_decoder`` (every caller's check of ``decoder=``), ``choose`` and ``decode`` read the registry. Its parity line
+goes in the entry (``parity``; :func:`parity_policy` lists them all) and its test beside it. A decoder registered at run
+time exists in the process that registered it and in ``fork`` children: with spawned loader workers, register it on
+import of a module the workers import (the dataset's transform's module, say), or they refuse its name saying so.
 
 Tensor decoders read JPEG, PNG and WebP themselves and hand any other format (and anything they fail
 on) to PIL, so they accept every image PIL accepts and raise the same :class:`ImageDecodeError`. Their
@@ -54,7 +60,9 @@ import io
 import re
 import struct
 import warnings
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -65,9 +73,8 @@ from lightning_lmdb.imageinfo import ImageInfo, read_info
 if TYPE_CHECKING:
     import torch
 
+#: The built-in decoders (documentation and type hints; the valid values of ``decoder=`` are the registry's, :data:`DECODERS`).
 Decoder = Literal["pil", "torchcodec", "opencv", "auto"]
-#: The valid values of ``decoder=``.
-DECODERS: tuple[str, ...] = get_args(Decoder)
 #: Default pixel limit: Pillow's own warning threshold (~89.5 megapixels).
 DEFAULT_MAX_PIXELS: int = 89_478_485
 #: What Pillow itself refuses by default (twice its warning threshold): with ``max_pixels=None``, a larger image is decoded by PIL.
@@ -97,8 +104,82 @@ def _silence_bomb_warning() -> None:
         warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning, module=_BOMB_FILTER[3].pattern)
 
 
+@dataclass(frozen=True)
+class ImageDecoder:
+    """One ``decoder=`` value: how it turns an image file's bytes into RGB pixels.
+
+    Attributes:
+        name: The ``decoder=`` value.
+        decode: ``(data, info, decode_size) -> uint8 3 x H x W tensor, or None`` when it cannot (PIL then decodes the image or
+            names its problem); called for JPEG, PNG and WebP only (PIL decodes every other format). ``None`` for a decoder that
+            only chooses (``choose``) or for PIL itself (``pil``).
+        pil: It returns PIL images (``ImageFolder``'s loader); every other decoder returns tensors.
+        choose: ``(info) -> the name of the decoder that decodes this image`` (``"auto"``: per record); ``None``: itself.
+        available: ``() -> bool``: whether its library is installed (``None``: always).
+        parity: Its line of the parity policy (what its pixels are, against PIL's).
+    """
+
+    name: str
+    decode: Callable[[bytes | memoryview, ImageInfo, int | None], torch.Tensor | None] | None = None
+    pil: bool = False
+    choose: Callable[[ImageInfo], str] | None = None
+    available: Callable[[], bool] | None = None
+    parity: str = ""
+
+
+#: The registered decoders by name (:func:`register_decoder`).
+_DECODERS: dict[str, ImageDecoder] = {}
+#: The valid values of ``decoder=`` (the registry's names, kept up to date by :func:`register_decoder`).
+DECODERS: tuple[str, ...] = ()
+
+
+def register_decoder(entry: ImageDecoder) -> ImageDecoder:
+    """Make ``entry.name`` a valid ``decoder=`` everywhere (datasets, ``LMDBDataModule``, ``bench``); one of that name is replaced.
+
+    Returns:
+        ``entry`` (undo with :func:`unregister_decoder`).
+
+    Raises:
+        OptionError: ``entry`` is not an :class:`ImageDecoder`, or has neither ``decode`` nor ``choose`` (and is not ``pil``).
+    """
+    global DECODERS
+    if not isinstance(entry, ImageDecoder) or not entry.name or not isinstance(entry.name, str):
+        raise OptionError(f"register_decoder() takes a lightning_lmdb.decoders.ImageDecoder with a name, not {entry!r}.")
+    if entry.decode is None and entry.choose is None and not entry.pil:
+        raise OptionError(f"Decoder {entry.name!r} has neither decode nor choose: give it one (see lightning_lmdb.decoders.ImageDecoder).")
+    _DECODERS[entry.name] = entry
+    DECODERS = tuple(_DECODERS)
+    return entry
+
+
+def unregister_decoder(name: str) -> None:
+    """Remove the decoder called ``name`` (nothing happens when there is none)."""
+    global DECODERS
+    _DECODERS.pop(name, None)
+    DECODERS = tuple(_DECODERS)
+
+
+def decoder_entry(name: Any, hint: str = "") -> ImageDecoder:
+    """The registered :class:`ImageDecoder` called ``name``.
+
+    Args:
+        name: The ``decoder=`` value given.
+        hint: Where to change it, appended in parentheses (e.g. ``"Hydra: data.decoder=..."``); ``""`` for none.
+
+    Raises:
+        OptionError: No such decoder, naming the value and the valid ones.
+    """
+    entry = _DECODERS.get(name) if isinstance(name, str) else None
+    if entry is None:
+        where = f" ({hint})" if hint else ""
+        raise OptionError(f"decoder={name!r} is not one of {', '.join(map(repr, _DECODERS))}{where}. A decoder of your own is "
+                          "registered by lightning_lmdb.decoders.register_decoder() in every process that decodes (spawned loader "
+                          "workers too: on import of a module they import).")
+    return entry
+
+
 def check_decoder(decoder: Any, hint: str = "") -> None:
-    """Refuse a ``decoder`` that is not one of :data:`DECODERS`: the one check of every caller's ``decoder=``.
+    """Refuse a ``decoder`` that is not registered (:data:`DECODERS`): the one check of every caller's ``decoder=``.
 
     Args:
         decoder: The value given.
@@ -107,9 +188,17 @@ def check_decoder(decoder: Any, hint: str = "") -> None:
     Raises:
         OptionError: Naming the value and the valid ones.
     """
-    if decoder not in DECODERS:
-        where = f" ({hint})" if hint else ""
-        raise OptionError(f"decoder={decoder!r} is not one of {', '.join(map(repr, DECODERS))}{where}.")
+    decoder_entry(decoder, hint)
+
+
+def returns_pil(decoder: str) -> bool:
+    """Whether ``decoder`` returns PIL images (else ``uint8 3 x H x W`` tensors)."""
+    return decoder_entry(decoder).pil
+
+
+def parity_policy() -> list[str]:
+    """Each registered decoder's parity line, ``"name: line"`` (see the module docstring)."""
+    return [f"{entry.name}: {entry.parity}" for entry in _DECODERS.values() if entry.parity]
 
 
 def _too_many_pixels(name: str, width: int, height: int, limit: int) -> ImageDecodeError:
@@ -169,21 +258,15 @@ def reduction(info: ImageInfo, decode_size: int | None) -> int:
 
 
 def choose(info: ImageInfo, decoder: str) -> str:
-    """The library (``"pil"``, ``"torchcodec"`` or ``"opencv"``) that decodes an image with this header.
+    """The registered decoder (e.g. ``"pil"``, ``"torchcodec"`` or ``"opencv"``) that decodes an image with this header.
 
     Raises:
-        ValueError: ``decoder`` is not one of :data:`DECODERS`.
+        OptionError: ``decoder`` is not one of :data:`DECODERS`.
     """
-    check_decoder(decoder)
-    if decoder == "pil" or info.format == "other" or not info.pixels:
+    entry = decoder_entry(decoder)
+    if entry.pil or info.format == "other" or not info.pixels:
         return "pil"
-    if decoder == "auto":
-        if info.format == "jpeg" and (info.channels not in (1, 3) or info.bit_depth != 8):
-            return "pil"  # CMYK / YCCK (OpenCV differs by 1), 12-bit
-        if info.format == "webp" and info.animated:
-            return "pil"
-        return "opencv"
-    return decoder
+    return entry.choose(info) if entry.choose is not None else decoder
 
 
 def decode(
@@ -194,28 +277,28 @@ def decode(
     max_pixels: int | None = None,
     name: str = "<bytes>",
 ) -> Image.Image | torch.Tensor:
-    """Decode encoded image bytes to RGB: a PIL image for ``decoder="pil"``, else a ``uint8`` ``3 x H x W`` tensor.
+    """Decode encoded image bytes to RGB: a PIL image for a PIL decoder (``"pil"``), else a ``uint8`` ``3 x H x W`` tensor.
 
     Args:
         data: The encoded file contents.
-        decoder: ``"pil"``, ``"torchcodec"``, ``"opencv"`` or ``"auto"`` (see the module docstring).
+        decoder: A registered decoder: ``"pil"``, ``"torchcodec"``, ``"opencv"``, ``"auto"`` (see the module docstring) or yours.
         decode_size: The shorter side the transform needs: allows reduced-size JPEG decoding (``None``: full size).
         max_pixels: Refuse images with more pixels than this (``None``: no limit; one over :data:`HARD_MAX_PIXELS` is decoded by PIL).
         name: How to name the image in errors (usually its path).
 
     Raises:
         ImageDecodeError: Not an image, truncated or corrupt, or over the pixel limit.
-        ValueError: ``decoder`` is not one of :data:`DECODERS`.
+        OptionError: ``decoder`` is not one of :data:`DECODERS`.
     """
-    if decoder == "pil":
+    if decoder_entry(decoder).pil:
         return decode_pil(data, max_pixels=max_pixels, name=name, decode_size=decode_size)
     info = read_info(data)
-    library = choose(info, decoder)
-    if library != "pil":
+    chosen = _DECODERS.get(choose(info, decoder))
+    if chosen is not None and not chosen.pil and chosen.decode is not None:
         if max_pixels is not None and info.pixels > max_pixels:
             raise _too_many_pixels(name, info.width, info.height, max_pixels)
         if info.pixels <= HARD_MAX_PIXELS:  # a larger one (max_pixels=None): PIL's decode, not an allocation from its header
-            pixels = _opencv(data, info, decode_size) if library == "opencv" else _torchcodec(data, info)
+            pixels = chosen.decode(data, info, decode_size)
             if pixels is not None:
                 return pixels
     # PIL: the formats the others do not read, and anything they failed on (PIL then names the problem)
@@ -377,3 +460,36 @@ def _torchcodec(data: bytes | memoryview, info: ImageInfo) -> torch.Tensor | Non
     if pixels.ndim == 4:  # an animated WebP: its first frame, as PIL gives
         pixels = pixels[0]
     return pixels if pixels.ndim == 3 and pixels.shape[0] == 3 else None
+
+
+# --- The built-in decoders ----------------------------------------------------------------------------
+
+
+def _auto(info: ImageInfo) -> str:
+    """``"auto"``'s choice: OpenCV, except where it breaks the parity policy (PIL there)."""
+    if info.format == "jpeg" and (info.channels not in (1, 3) or info.bit_depth != 8):
+        return "pil"  # CMYK / YCCK (OpenCV differs by 1), 12-bit
+    if info.format == "webp" and info.animated:
+        return "pil"
+    return "opencv"
+
+
+def _importable(module: str) -> Callable[[], bool]:
+    def available() -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec(module) is not None
+
+    return available
+
+
+register_decoder(ImageDecoder("pil", pil=True, parity="equal to ImageFolder, every mode and format."))
+register_decoder(ImageDecoder("torchcodec", lambda data, info, size: _torchcodec(data, info), available=_importable("torchcodec"),
+                              parity="8-bit PNG and WebP equal to PIL's pixels; JPEG mean absolute difference <= 1 (equal here), EXIF "
+                                     "orientation applied; 16-bit scaled to 8 bits (PIL clips)."))
+register_decoder(ImageDecoder("opencv", _opencv, available=_importable("cv2"),
+                              parity="8-bit PNG and WebP equal to PIL's pixels; JPEG mean absolute difference <= 1 (equal here), CMYK "
+                                     "JPEGs differ by 1; 16-bit scaled to 8 bits (PIL clips)."))
+register_decoder(ImageDecoder("auto", choose=_auto, available=_importable("cv2"),
+                              parity="OpenCV's pixels where they meet the policy, PIL's elsewhere (CMYK / YCCK and 12-bit JPEGs, "
+                                     "animated WebP, every other format)."))

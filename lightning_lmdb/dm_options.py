@@ -208,10 +208,10 @@ def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, data
             continue
         kind = sources.kind_of(folder)
         if kind is None and not (serve_without_folder and database_path(split).exists()):
-            what = "is a file that is neither a manifest nor a database" if folder.is_file() else "does not exist or is not a folder"
+            what = "is neither a known source nor a database: " if folder.exists() else ""
             raise FileNotFoundError(
-                f"{split}_dir {str(folder)!r} {what}. Pass the folder that holds your images, a manifest listing them (.csv, .tsv, "
-                f".jsonl) or a database built by `lightning-lmdb build` (Hydra: data.{split}_dir=/path/to/images)."
+                f"{split}_dir {str(folder)!r} {what}{sources.unknown_reason(folder)} Pass the folder that holds your images, a manifest "
+                f"listing them or a database built by `lightning-lmdb build` (Hydra: data.{split}_dir=/path/to/images)."
                 + (" With on_stale='ignore' an existing database is served without it, but there is none at "
                    f"{str(database_path(split))!r}." if serve_without_folder else "")
             )

@@ -40,17 +40,23 @@ from lightning_lmdb.sources import (
     PrefixFingerprint,
     SourceFile,
     SourceScan,
+    describe_kind,
     not_regular_reason,
     read_file,
 )
 
-__all__ = ["NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "ManifestOptions", "SourceScan", "accepts", "classes",
-           "has_samples", "labels", "read_file", "scan", "scan_folder", "scan_pairs"]
+__all__ = ["DESCRIPTION", "NAME", "NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "ManifestOptions", "SourceScan",
+           "accepts", "classes", "has_samples", "labels", "read_file", "scan", "scan_folder", "scan_pairs"]
 
 #: The options a folder paired with its masks takes (``masks_dir`` and how the mask values are read).
 _MASK_OPTIONS = ("masks_dir", "ignore_index", "num_classes", "classes", "target_kind")
 #: How many unmatched files an error names.
 _SHOWN = 5
+
+
+#: This source kind's name and what it accepts (:mod:`lightning_lmdb.sources`).
+NAME = "folder"
+DESCRIPTION = "an image folder (ImageFolder layout: one subfolder per class, or flat)"
 
 
 def accepts(source: object) -> bool:
@@ -71,7 +77,7 @@ def _no_options(folder: Path, options: ManifestOptions | None) -> None:
     if given:
         masked = any(getattr(options, name) is not None for name in ("ignore_index", "num_classes"))
         raise OptionError(f"{given}: these options read a manifest, but {str(folder)!r} is an image folder (its labels are its class "
-                          "folders). Pass a manifest (.csv, .tsv, .jsonl) instead, or leave these options unset"
+                          f"folders). Pass {describe_kind('manifest')} instead, or leave these options unset"
                           + (" (set masks_dir= to pair the folder with a folder of segmentation masks)." if masked else "."))
 
 

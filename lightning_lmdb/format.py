@@ -443,14 +443,16 @@ def _meta(get: JsonFields, version: int, count: int, targets: np.ndarray, paths:
         get.fail("count", f"is {count}")
     storage = get("storage", str)
     if storage not in _codec.STORAGE_MODES:
-        get.fail("storage", f"is {storage!r}, not one of {tuple(_codec.STORAGE_MODES)} (a newer lightning_lmdb built it: upgrade)")
+        get.fail("storage", f"is {storage!r}, not one of {tuple(_codec.STORAGE_MODES)} (a newer lightning_lmdb built it: upgrade; "
+                            "or a storage mode of your own: register_storage_mode() it first)")
     if codecs is None:
         default = _codec.STORAGE_MODES[storage].default_codec
         if default is None:
             get.fail("arrays", f"lacks the codecs array that storage {storage!r} always writes")
         codecs = np.full(count, default, dtype=np.uint8)
     elif len(codecs) and int(codecs.max()) >= len(_codec.RECORD_CODECS):
-        get.fail("codecs", f"holds record codec {int(codecs.max())}, unknown here (a newer lightning_lmdb built it: upgrade)")
+        get.fail("codecs", f"holds record codec {int(codecs.max())}, unknown here (a newer lightning_lmdb built it: upgrade; or a "
+                           "record codec of your own: register_record_codec() it first)")
     codecs.flags.writeable = False
     algorithm = get("checksum", str)
     if algorithm not in CHECKSUMS:

@@ -73,7 +73,7 @@ from lightning_lmdb.errors import OptionError, SourceError
 from lightning_lmdb.manifestfile import Table, read_table
 from lightning_lmdb.sources import NO_TARGET, Labels, ManifestOptions, SourceFile, SourceScan, not_regular_reason
 
-__all__ = ["MANIFEST_SUFFIXES", "METADATA_NAMES", "accepts", "classes", "has_samples", "labels", "scan"]
+__all__ = ["DESCRIPTION", "MANIFEST_SUFFIXES", "METADATA_NAMES", "NAME", "accepts", "classes", "has_samples", "labels", "scan"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,10 @@ log = logging.getLogger(__name__)
 MANIFEST_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 #: The metadata files that make a folder a Hugging Face ImageFolder.
 METADATA_NAMES = ("metadata.csv", "metadata.jsonl")
+#: This source kind's name and what it accepts (:mod:`lightning_lmdb.sources`: the "not a known source" messages and CLI help).
+NAME = "manifest"
+DESCRIPTION = (f"a CSV / TSV / JSON Lines manifest ({', '.join(MANIFEST_SUFFIXES)}) or a folder holding "
+               f"{' / '.join(METADATA_NAMES)}")
 _SET_KIND = ("Set target_kind= to 'class', 'multilabel' or 'regression' (CLI --target-kind, Hydra data.manifest.target_kind).")
 _TAG_WORDS = {"name": "names", "int": "integers", "whole": "whole-number decimals like 1.0", "frac": "numbers with a fraction",
               "list": "lists", "fraclist": "lists of numbers with a fraction", "wholelist": "lists of whole-number decimals"}

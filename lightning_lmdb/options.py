@@ -2,8 +2,9 @@
 
 ``build_lmdb``, the ``lightning-lmdb build`` command and ``LMDBDataModule`` all construct one, so a bad
 value fails the same way everywhere (at construction, naming the value and the valid choices) and a
-new option is added here only. The CLI takes its ``choices=`` from :data:`CHOICES` (each derived from its
-``Literal``) and its defaults from the class (``BuildOptions.storage`` ...), as ``LMDBDataModule``'s signature does;
+new option is added here only. The CLI takes its ``choices=`` from :func:`choices` (``storage``: the registered storage
+modes, :func:`lightning_lmdb.codec.register_storage_mode`; the others from their ``Literal``) and its defaults from the
+class (``BuildOptions.storage`` ...), as ``LMDBDataModule``'s signature does;
 ``LMDBDataModule`` names its database files by :meth:`BuildOptions.cache_key`.
 """
 
@@ -14,16 +15,27 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from lightning_lmdb import codec
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.sources import ManifestOptions
 
+#: The built-in storage modes (documentation and type hints: the valid values are the registry's, ``codec.STORAGE_MODES``).
 Storage = Literal["auto", "encoded", "decoded"]
 OnError = Literal["raise", "skip"]
 OnStale = Literal["rebuild", "error", "ignore"]
 
-#: The valid values of each choice-valued option (from its ``Literal``).
-CHOICES: dict[str, tuple[str, ...]] = {"storage": get_args(Storage), "on_error": get_args(OnError), "on_stale": get_args(OnStale)}
+
+def choices() -> dict[str, tuple[str, ...]]:
+    """The valid values of each choice-valued option: ``storage`` the registered storage modes, the others their ``Literal``'s."""
+    return {"storage": codec.STORAGES, "on_error": get_args(OnError), "on_stale": get_args(OnStale)}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CHOICES":  # read when asked: a storage mode registered since is in it
+        return choices()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 #: The options that shape a database's contents: stored in its metadata and compared by the stale check
 #: (``quality`` only with ``resize``: it changes nothing otherwise).
 CONTENT_OPTIONS = ("storage", "max_pixels", "resize", "quality", "manifest")
@@ -86,10 +98,10 @@ class BuildOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "manifest", ManifestOptions.of(self.manifest))
-        for name, choices in CHOICES.items():
+        for name, valid in choices().items():
             value = getattr(self, name)
-            if value not in choices:
-                raise OptionError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}.")
+            if value not in valid:
+                raise OptionError(f"{name}={value!r} is not one of {', '.join(map(repr, valid))}.")
         if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0):
             raise OptionError(f"workers={self.workers!r} must be an integer >= 0 (0 reads in this process, None uses every core).")
         bad_pixels = isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1

@@ -5,8 +5,13 @@ Every consumer (the builder, the raw datasets, the DataModule's backends, ``veri
 per sample a file path, a path relative to the source's root, a typed target (see :data:`Target`), an
 optional split name, a size and a modification time.
 
-**Adding a source kind** is one module plus one line here: the module defines
+**Adding a source kind** is one module (or object) plus one :func:`register_source_kind` call. It satisfies
+:class:`SourceKind`:
 
+* ``NAME``: a short name (default: a module's last dotted name component), and ``DESCRIPTION``: what it accepts,
+  e.g. ``"an image folder (ImageFolder layout or flat)"`` -- every "not a known source" message and the CLI help list the
+  registered kinds by it (optionally ``PATHS = False`` for a kind that never accepts a path: the CLI's help and the
+  message about a path leave it out);
 * ``accepts(source) -> bool``: is this source of my kind (cheap: no scan; ``source`` is a
   ``pathlib.Path`` for anything path-like, else the object as given);
 * ``scan(source, options) -> SourceScan``: the full scan (the builder and the raw datasets);
@@ -18,9 +23,15 @@ optional split name, a size and a modification time.
   for a kind whose targets are not only classes (without it, the target kind is ``"class"`` when there are classes,
   else ``"none"``); :func:`labels_of` asks it;
 
-(``options`` is a :class:`ManifestOptions`) and its name goes in :data:`SOURCE_KINDS`, tried in order:
-:mod:`lightning_lmdb.manifest` (a CSV / TSV / JSON Lines file, or a folder holding ``metadata.csv`` /
-``metadata.jsonl``), then :mod:`lightning_lmdb.folder` (an ImageFolder-layout or flat folder).
+(``options`` is a :class:`ManifestOptions`). The kinds are tried in their order of registration (``before=`` puts one
+earlier): the library registers :mod:`lightning_lmdb.manifest` (a CSV / TSV / JSON Lines file, or a folder holding
+``metadata.csv`` / ``metadata.jsonl``), then :mod:`lightning_lmdb.folder` (an ImageFolder-layout or flat folder), then
+:mod:`lightning_lmdb.datasource` (a map-style ``Dataset``). :func:`kind_of` remembers each source's kind (a path's
+while it is unchanged, an object's while it lives); a registration forgets them all.
+
+A kind registered at run time exists in the process that registered it (and in ``fork`` children): a build or a
+loader whose workers are spawned needs it registered on import of a module those processes import (or given as a
+module path, ``register_source_kind("my_package.my_kind")``, imported where it is first needed).
 """
 
 from __future__ import annotations
@@ -30,18 +41,18 @@ import hashlib
 import importlib
 import os
 import stat
+import time
+import warnings
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from lightning_lmdb.errors import NotRegularFileError, OptionError
 
 #: Target given to every sample of a source without labels (e.g. a flat folder).
 NO_TARGET = -1
-#: The modules of the source kinds, tried in order by :func:`scan_source`.
-SOURCE_KINDS: tuple[str, ...] = ("lightning_lmdb.manifest", "lightning_lmdb.folder", "lightning_lmdb.datasource")
 
 #: What a sample's target is: ``"class"`` (an index into the classes), ``"multilabel"`` (a set of class indices, served as a
 #: float32 multi-hot tensor), ``"regression"`` (K numbers, served as a float32 tensor), ``"none"`` (no label: ``-1``) or
@@ -151,10 +162,180 @@ def _as_source(source: Any) -> Any:
     return Path(source).expanduser() if isinstance(source, (str, os.PathLike)) else source
 
 
-def kind_of(source: Any) -> ModuleType | None:
-    """The module of the first source kind of :data:`SOURCE_KINDS` that accepts ``source``; ``None`` if none does."""
+@runtime_checkable
+class SourceKind(Protocol):
+    """What a source kind provides (see the module docstring); a module or any object with these members.
+
+    ``NAME`` is optional (a module's last name component by default); ``labels(source, options) -> Labels`` is optional.
+    """
+
+    DESCRIPTION: str
+
+    def accepts(self, source: Any) -> bool: ...
+
+    def scan(self, source: Any, options: ManifestOptions) -> SourceScan: ...
+
+    def has_samples(self, source: Any, options: ManifestOptions) -> bool: ...
+
+    def classes(self, source: Any, options: ManifestOptions) -> tuple[list[str], dict[str, int]]: ...
+
+
+#: The registered source kinds in the order they are tried: a kind, or the module path of one not imported yet.
+_KINDS: list[Any] = []
+#: :func:`kind_of`'s answers: a path's (by its text, with its stat's identity) and a live object's (by ``id``).
+_PATH_KINDS: dict[str, tuple[tuple[int, int, int, int], Any]] = {}
+_OBJECT_KINDS: dict[int, tuple[weakref.ref, Any]] = {}
+_MEMBERS = ("DESCRIPTION", "accepts", "scan", "has_samples", "classes")
+
+
+def kind_name(kind: Any) -> str:
+    """A source kind's name: its ``NAME``, else a module's last dotted name component (or the text of a module path)."""
+    if isinstance(kind, str):
+        return kind.rpartition(".")[2]
+    return getattr(kind, "NAME", None) or getattr(kind, "__name__", type(kind).__name__).rpartition(".")[2]
+
+
+def _checked(kind: Any) -> Any:
+    missing = [name for name in _MEMBERS if not hasattr(kind, name)]
+    if missing:
+        raise OptionError(f"Source kind {kind_name(kind)!r} lacks {', '.join(missing)}: a source kind defines DESCRIPTION, accepts, "
+                          "scan, has_samples and classes (see lightning_lmdb.sources.SourceKind).")
+    return kind
+
+
+def register_source_kind(kind: Any, *, before: str | None = None) -> Any:
+    """Register a source kind: a module, an object, or a module's dotted path (imported when first needed).
+
+    Args:
+        kind: The kind (see :class:`SourceKind`). One with the name of a registered kind replaces it in its place.
+        before: Try it before the kind of this name (e.g. ``"folder"``); ``None``: after every kind registered.
+
+    Returns:
+        ``kind``, so the call can decorate or be undone with :func:`unregister_source_kind`.
+
+    Raises:
+        OptionError: ``kind`` lacks a member of :class:`SourceKind`, or ``before`` names no registered kind.
+    """
+    if not isinstance(kind, str):
+        _checked(kind)
+    names = [kind_name(k) for k in _KINDS]
+    if before is not None and before not in names:
+        raise OptionError(f"before={before!r} names no registered source kind; they are {', '.join(map(repr, names))}.")
+    name = kind_name(kind)
+    if name in names and before is None:
+        _KINDS[names.index(name)] = kind
+    else:
+        if name in names:
+            del _KINDS[names.index(name)]
+        at = len(_KINDS) if before is None else [kind_name(k) for k in _KINDS].index(before)
+        _KINDS.insert(at, kind)
+    _forget()
+    return kind
+
+
+def unregister_source_kind(kind: Any) -> None:
+    """Remove a registered source kind (the kind, or its name); nothing happens when it is not registered."""
+    name = kind if isinstance(kind, str) else kind_name(kind)
+    _KINDS[:] = [k for k in _KINDS if kind_name(k) != name]
+    _forget()
+
+
+def _forget() -> None:
+    _PATH_KINDS.clear()
+    _OBJECT_KINDS.clear()
+
+
+def source_kinds() -> tuple[Any, ...]:
+    """The registered source kinds, in the order they are tried (each imported and checked on the first call)."""
+    for i, kind in enumerate(_KINDS):
+        if isinstance(kind, str):
+            _KINDS[i] = _checked(importlib.import_module(kind))
+    return tuple(_KINDS)
+
+
+def describe_kinds(paths_only: bool = False) -> str:
+    """The registered kinds' descriptions as one phrase, e.g. ``"a CSV ... manifest (...); an image folder (...); or a map-style
+    Dataset (...)"``: what every "not a known source" message lists.
+
+    Args:
+        paths_only: Leave out the kinds that never accept a path (``PATHS = False``: a ``Dataset``), e.g. for the CLI.
+    """
+    described = [kind.DESCRIPTION for kind in source_kinds() if not paths_only or getattr(kind, "PATHS", True)]
+    if not described:
+        return "nothing (no source kind is registered)"
+    return "; ".join(described[:-1]) + "; or " + described[-1] if len(described) > 1 else described[0]
+
+
+def describe_kind(name: str) -> str:
+    """The ``DESCRIPTION`` of the registered kind called ``name`` (``"a <name>"`` when none is)."""
+    for i, kind in enumerate(_KINDS):
+        if kind_name(kind) == name:
+            if isinstance(kind, str):  # only this kind is imported (the CLI's help imports no folder kind, hence no torch)
+                _KINDS[i] = kind = _checked(importlib.import_module(kind))
+            return kind.DESCRIPTION
+    return f"a {name}"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SOURCE_KINDS":
+        warnings.warn("lightning_lmdb.sources.SOURCE_KINDS is deprecated: read source_kinds(), add one with register_source_kind().",
+                      DeprecationWarning, stacklevel=2)
+        return tuple(getattr(kind, "__name__", kind_name(kind)) for kind in source_kinds())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _as_source(source: Any) -> Any:
+    return Path(source).expanduser() if isinstance(source, (str, os.PathLike)) else source
+
+
+#: A path modified this recently has its kind asked again each time: file times are coarse (a few ms), so a folder that
+#: gains a ``metadata.csv`` within one tick of the last look would keep its mtime (as git's "racy" index entries).
+_RACY_NS = 2_000_000_000
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    """What :func:`kind_of` remembers a path's kind by: its type, inode, device and modification time (``None``: missing, or
+    modified within :data:`_RACY_NS`: not remembered)."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return None
+    if time.time_ns() - st.st_mtime_ns < _RACY_NS:
+        return None
+    return st.st_mode, st.st_ino, st.st_dev, st.st_mtime_ns
+
+
+def kind_of(source: Any) -> Any | None:
+    """The first registered source kind that accepts ``source``; ``None`` if none does.
+
+    The answer is remembered: a path's while its type, inode and modification time are unchanged (a folder that gains a
+    ``metadata.csv`` changes its mtime), an object's while it lives; a missing path's, or one modified in the last two
+    seconds, is never remembered.
+    """
     given = _as_source(source)
-    return next((kind for kind in map(importlib.import_module, SOURCE_KINDS) if kind.accepts(given)), None)
+    if isinstance(given, Path):
+        key, identity = os.fspath(given), _identity(given)
+        found = _PATH_KINDS.get(key)
+        if found is not None and identity is not None and found[0] == identity:
+            return found[1]
+        kind = _first(given)
+        if identity is not None:
+            _PATH_KINDS[key] = (identity, kind)
+        return kind
+    found = _OBJECT_KINDS.get(id(given))
+    if found is not None and found[0]() is given:
+        return found[1]
+    kind, key = _first(given), id(given)
+    try:
+        ref = weakref.ref(given, lambda _: _OBJECT_KINDS.pop(key, None))
+    except TypeError:  # a list, a tuple ...: not remembered
+        return kind
+    _OBJECT_KINDS[key] = (ref, kind)
+    return kind
+
+
+def _first(given: Any) -> Any | None:
+    return next((kind for kind in source_kinds() if kind.accepts(given)), None)
 
 
 @dataclass(frozen=True)
@@ -181,25 +362,38 @@ def labels_of(source: Any, options: ManifestOptions | None = None) -> Labels:
     return Labels(list(classes), dict(class_to_idx), "class" if classes else "none")
 
 
-def _kind_or_raise(source: Any) -> ModuleType:
+def _kind_or_raise(source: Any) -> Any:
     kind = kind_of(source)
     if kind is None:
-        raise FileNotFoundError(
-            f"Source {str(source)!r} does not exist or is neither a folder nor a manifest (.csv, .tsv, .jsonl). "
-            "Pass the folder that holds your images, or a manifest listing them."
-        )
+        reason = unknown_reason(source)
+        what = "" if reason.startswith("does not exist") else "is not a known source: "
+        raise FileNotFoundError(f"Source {str(source)!r} {what}{reason} Pass the folder that holds your images, or a manifest listing "
+                                "them.")
     return kind
 
 
+def unknown_reason(source: Any) -> str:
+    """Why no kind accepts ``source``: a sentence that lists what the registered kinds accept (:func:`describe_kinds`), either
+    ``"does not exist; a source is one of: ..."`` (to follow the path's name) or ``"it is a file that is none of: ..."``."""
+    given = _as_source(source)
+    if not isinstance(given, Path):
+        what = f"it is a {type(given).__name__}, which is none of"
+    elif not given.exists():
+        what = "does not exist; a source is one of"
+    else:
+        what = f"it is a {'file' if given.is_file() else 'folder' if given.is_dir() else 'path'} that is none of"
+    return f"{what}: {describe_kinds(paths_only=isinstance(given, Path))}."
+
+
 def scan_source(source: Any, options: ManifestOptions | None = None) -> SourceScan:
-    """Scan ``source`` with the first source kind of :data:`SOURCE_KINDS` that accepts it.
+    """Scan ``source`` with the first registered source kind that accepts it (:func:`kind_of`).
 
     Args:
         source: A folder, a manifest file, or whatever another source kind accepts.
         options: How to read it (default :class:`ManifestOptions`).
 
     Raises:
-        FileNotFoundError: ``source`` is of no known kind (it does not exist, or is neither a folder nor a manifest).
+        FileNotFoundError: ``source`` is of no registered kind (the message lists what each accepts).
         SourceError: ``source`` holds no images, or a manifest is malformed (the kind's own message).
     """
     return _kind_or_raise(source).scan(_as_source(source), options or ManifestOptions())
@@ -347,3 +541,8 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
             return handle.read()
     finally:
         os.close(fd)
+
+
+register_source_kind("lightning_lmdb.manifest")
+register_source_kind("lightning_lmdb.folder")
+register_source_kind("lightning_lmdb.datasource")

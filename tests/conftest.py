@@ -18,3 +18,16 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 def image_folder(tmp_path: Path) -> Path:
     """Three classes (one non-ASCII) of mixed-mode images with some non-ASCII file names."""
     return make_folder(tmp_path / "src")
+
+
+@pytest.fixture
+def list_kind():
+    """The "list" source kind of ``seamkit`` (a ``.list`` file of ``path class`` lines), registered first, removed after the test."""
+    import seamkit
+
+    from lightning_lmdb import sources
+
+    seamkit.CALLS.clear()
+    sources.register_source_kind(seamkit, before="manifest")
+    yield seamkit
+    sources.unregister_source_kind(seamkit)

@@ -141,7 +141,8 @@ def test_a_file_that_is_neither_a_database_nor_a_manifest_is_refused_naming_it(t
     with pytest.raises(FileNotFoundError) as raised:
         LMDBDataModule(stray, cache_dir=tmp_path / "cache")
     message = str(raised.value)
-    assert "train_dir" in message and str(stray) in message and "neither a manifest nor a database" in message
+    assert "train_dir" in message and str(stray) in message and "neither a known source nor a database" in message
+    assert "is a file that is none of: a CSV / TSV / JSON Lines manifest" in message
     assert "lightning-lmdb build" in message and "data.train_dir=" in message
 
 

@@ -1,13 +1,12 @@
 """The manifest options reach the source kind: from ``LMDBDataModule(manifest=...)``, the Hydra ``data.manifest`` node and the
 ``build`` / ``verify`` flags, through ``scan``, ``has_samples`` and ``classes``; in the hyper-parameters as plain values.
 
-A stub source kind, registered first in ``sources.SOURCE_KINDS``, records the options each call receives.
+The ``list`` source kind of ``seamkit`` (the ``list_kind`` fixture), registered first, records the options each call receives.
 """
 
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,54 +15,15 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from PIL import Image
 
-from lightning_lmdb import LMDBDataModule, sources
+from lightning_lmdb import LMDBDataModule
 from lightning_lmdb.cli import build_options, main, make_parser
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.sources import ManifestOptions
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
-# A source kind that lists "relative-path class-index" lines in a .rec file and records the options of each call.
-RECORD_KIND = '''
-from pathlib import Path
-from lightning_lmdb.sources import SourceFile, SourceScan
-
-CALLS = []
-
-def accepts(source):
-    return isinstance(source, Path) and source.suffix == ".rec" and source.is_file()
-
-def scan(source, options):
-    CALLS.append(("scan", options))
-    root, files = source.resolve().parent, []
-    for line in source.read_text().splitlines():
-        relpath, target = line.rsplit(" ", 1)
-        st = (root / relpath).stat()
-        files.append(SourceFile(str(root / relpath), relpath, int(target), st.st_size, st.st_mtime_ns))
-    return SourceScan(root=root, classes=["a", "b"], class_to_idx={"a": 0, "b": 1}, files=files)
-
-def has_samples(source, options):
-    CALLS.append(("has_samples", options))
-    return bool(source.read_text().strip())
-
-def classes(source, options):
-    CALLS.append(("classes", options))
-    return ["a", "b"], {"a": 0, "b": 1}
-'''
-
 GIVEN = {"label_column": "tags", "label_sep": "|", "classes": ["a", "b"]}
 EXPECTED = ManifestOptions(label_column="tags", label_sep="|", classes=("a", "b"))
-
-
-@pytest.fixture
-def record_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    (tmp_path / "recordkind.py").write_text(RECORD_KIND)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sources, "SOURCE_KINDS", ("recordkind", *sources.SOURCE_KINDS))
-    import recordkind
-
-    yield recordkind
-    sys.modules.pop("recordkind", None)
 
 
 @pytest.fixture
@@ -72,7 +32,7 @@ def listing(tmp_path: Path) -> Path:
     images.mkdir()
     for i in range(4):
         Image.new("RGB", (6, 5), (50 * i, 0, 0)).save(images / f"{i}.png")
-    path = images / "train.rec"
+    path = images / "train.list"
     path.write_text("0.png 0\n1.png 1\n2.png 0\n3.png 1\n")
     return path
 
@@ -86,7 +46,7 @@ def _plain(value: object) -> bool:
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "raw"])
-def test_the_datamodules_manifest_options_reach_every_call_of_the_kind(record_kind, listing: Path, tmp_path: Path, backend: str) -> None:
+def test_the_datamodules_manifest_options_reach_every_call_of_the_kind(list_kind, listing: Path, tmp_path: Path, backend: str) -> None:
     dm = LMDBDataModule(listing, manifest=GIVEN, backend=backend, val_fraction=0, cache_dir=tmp_path / "cache", num_workers=0,
                         build_workers=0)
     assert dm.build_options.manifest == EXPECTED
@@ -94,12 +54,12 @@ def test_the_datamodules_manifest_options_reach_every_call_of_the_kind(record_ki
     dm.prepare_data()
     dm.setup("fit")
     assert len(dm.datasets["train"]) == 4
-    called = {name for name, _ in record_kind.CALLS}
-    assert called == {"has_samples", "classes", "scan"}, record_kind.CALLS
-    assert all(options == EXPECTED for _, options in record_kind.CALLS), record_kind.CALLS
+    called = {name for name, _ in list_kind.CALLS}
+    assert called == {"has_samples", "classes", "scan"}, list_kind.CALLS
+    assert all(options == EXPECTED for _, options in list_kind.CALLS), list_kind.CALLS
 
 
-def test_the_hyper_parameters_hold_the_options_set_as_plain_values(record_kind, listing: Path, tmp_path: Path) -> None:
+def test_the_hyper_parameters_hold_the_options_set_as_plain_values(list_kind, listing: Path, tmp_path: Path) -> None:
     dm = LMDBDataModule(listing, manifest=ManifestOptions(label_column=("x", "y"), target_kind="regression"), cache_dir=tmp_path / "c")
     assert dm.hparams["manifest"] == {"label_column": ["x", "y"], "target_kind": "regression"} and _plain(dict(dm.hparams))
     buffer = io.BytesIO()
@@ -123,21 +83,21 @@ def test_bad_manifest_options_are_refused_naming_the_key(listing: Path, tmp_path
         LMDBDataModule(listing.parent, manifest=manifest, cache_dir=tmp_path / "cache")  # type: ignore[arg-type]
 
 
-def test_hydras_manifest_node_reaches_the_kind(record_kind, listing: Path, tmp_path: Path) -> None:
+def test_hydras_manifest_node_reaches_the_kind(list_kind, listing: Path, tmp_path: Path) -> None:
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[f"data.train_dir={listing}", f"paths.data_dir={tmp_path}", "data.manifest.label_column=tags",
                                           "data.manifest.classes=[a,b]", "data.manifest.label_sep=|"])
     dm = instantiate(cfg.data)
     assert dm.build_options.manifest == EXPECTED and dm.hparams["manifest"] == GIVEN and _plain(dict(dm.hparams))
     assert dm.num_classes == 2
-    assert record_kind.CALLS and all(options == EXPECTED for _, options in record_kind.CALLS), record_kind.CALLS
+    assert list_kind.CALLS and all(options == EXPECTED for _, options in list_kind.CALLS), list_kind.CALLS
 
 
 FLAGS = ["--root", "ROOT", "--path-column", "file", "--label-column", "x,y", "--split-column", "fold", "--target-kind", "regression",
          "--label-sep", ";", "--classes", "a, b"]
 
 
-def test_the_build_flags_are_the_manifest_options(record_kind, listing: Path, tmp_path: Path) -> None:
+def test_the_build_flags_are_the_manifest_options(list_kind, listing: Path, tmp_path: Path) -> None:
     flags = [value.replace("ROOT", str(listing.parent)) for value in FLAGS]
     expected = ManifestOptions(root=str(listing.parent), path_column="file", label_column=("x", "y"), split_column="fold",
                                target_kind="regression", label_sep=";", classes=("a", "b"))
@@ -145,18 +105,18 @@ def test_the_build_flags_are_the_manifest_options(record_kind, listing: Path, tm
     assert build_options(make_parser().parse_args(["build", "s", "t", "--label-column", "tags"])).manifest == ManifestOptions(
         label_column="tags")
     assert main(["build", str(listing), str(tmp_path / "out.lmdb"), "--workers", "0", "--quiet", *flags]) == 0
-    assert [name for name, _ in record_kind.CALLS] == ["scan"] and record_kind.CALLS[0][1] == expected
+    assert [name for name, _ in list_kind.CALLS] == ["scan"] and list_kind.CALLS[0][1] == expected
     with pytest.raises(SystemExit) as exited:
         make_parser().parse_args(["build", "s", "t", "--target-kind", "ordinal"])
     assert exited.value.code == 2
 
 
-def test_the_verify_flags_read_the_source(record_kind, listing: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_verify_flags_read_the_source(list_kind, listing: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "out.lmdb"
     assert main(["build", str(listing), str(target), "--workers", "0", "--quiet", "--label-sep", "|"]) == 0
-    record_kind.CALLS.clear()
+    list_kind.CALLS.clear()
     assert main(["verify", str(target), "--source", str(listing), "--label-sep", "|", "--classes", "a,b"]) == 0
-    assert record_kind.CALLS == [("scan", ManifestOptions(label_sep="|", classes=("a", "b")))]
+    assert list_kind.CALLS == [("scan", ManifestOptions(label_sep="|", classes=("a", "b")))]
     capsys.readouterr()
     assert main(["verify", str(target), "--label-column", "tags"]) == 2, "the flags read a source: without one they are refused"
     assert "--label-column say how to read the source, and no --source was given" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import inspect
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -19,7 +20,7 @@ from lightning_lmdb.datamodule import database_name
 from lightning_lmdb.dm_options import BACKENDS, manifest_options
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
-from lightning_lmdb.options import CACHE_KEY_OPTIONS, CHOICES, BuildOptions
+from lightning_lmdb.options import CACHE_KEY_OPTIONS, CHOICES, BuildOptions, Storage
 from lightning_lmdb.sources import ManifestOptions
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -63,7 +64,8 @@ def test_only_the_cache_key_options_give_a_database_of_its_own() -> None:
 
 
 def test_choices_are_declared_once() -> None:
-    assert CHOICES["storage"] == codec.STORAGES, "the storages the format accepts are the ones offered"
+    assert CHOICES["storage"] == codec.STORAGES == tuple(codec.STORAGE_MODES), "the storages the format accepts are the ones offered"
+    assert get_args(Storage) == codec.STORAGES[:3], "the Literal documents the built-in modes, the registry's first three"
     assert set(BACKEND_CLASSES) == set(BACKENDS), "each backend value has its class"
 
 
@@ -120,11 +122,16 @@ def test_decoder_is_checked_by_one_function(tmp_path: Path, monkeypatch: pytest.
     for check in (lambda: decoding.check_decoding("fastest", None), lambda: decoders.decode(b"", "fastest")):
         with pytest.raises(ValueError) as raised:
             check()
-        assert str(raised.value) == message
-    monkeypatch.setattr(decoders, "DECODERS", (*decoders.DECODERS, "fastest"))  # a new decoder: every caller accepts it
-    decoding.check_decoding("fastest", None)
-    source = make_jpegs(tmp_path / "src", 2, size=8)
-    assert LMDBDataModule(source, decoder="fastest", cache_dir=tmp_path / "cache").decoder == "fastest"
+        assert str(raised.value).startswith(message) and "register_decoder()" in str(raised.value)
+    fastest = decoders.register_decoder(decoders.ImageDecoder("fastest", choose=lambda info: "opencv"))  # every caller accepts it
+    try:
+        decoding.check_decoding("fastest", None)
+        source = make_jpegs(tmp_path / "src", 2, size=8)
+        assert LMDBDataModule(source, decoder="fastest", cache_dir=tmp_path / "cache").decoder == "fastest"
+    finally:
+        decoders.unregister_decoder(fastest.name)
+    with pytest.raises(ValueError, match="'fastest' is not one of"):
+        decoding.check_decoding("fastest", None)
 
 
 def test_shuffle_is_checked_by_one_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,59 +1,36 @@
-"""The extension seams: a new source kind is one module registered in ``sources.SOURCE_KINDS``; a new storage mode
-is one entry of ``codec.STORAGE_MODES``; a new decoder is one entry of ``decoders.DECODERS``."""
+"""The extension seams, each added from the test alone through its registration function: a source kind
+(``sources.register_source_kind``; the ``list`` kind of ``seamkit``), a storage mode and a record codec
+(``codec.register_storage_mode`` / ``codec.register_record_codec``) and a decoder (``decoders.register_decoder``)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 from imagegen import read_records
 from PIL import Image
 
-from lightning_lmdb import codec, options, sources
+from lightning_lmdb import codec, decoders, options, sources
+from lightning_lmdb.cli import make_parser
 from lightning_lmdb.datamodule import LMDBDataModule
 from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb.errors import DatabaseError, OptionError
 from lightning_lmdb.transforms import eval_transform
 from lightning_lmdb.verify import verify_lmdb
 from lightning_lmdb.writer import build_lmdb
 
-# A whole source kind: a text file listing "relative-path class-index" lines beside the images.
-LIST_KIND = '''
-from pathlib import Path
-from lightning_lmdb.sources import SourceFile, SourceScan
-
-def accepts(path):
-    return path.suffix == ".list" and path.is_file()
-
-def scan(source, options=None):
-    listing = Path(source).resolve()
-    root, files = listing.parent, []
-    for line in listing.read_text().splitlines():
-        relpath, target = line.rsplit(" ", 1)
-        st = (root / relpath).stat()
-        files.append(SourceFile(str(root / relpath), relpath, int(target), st.st_size, st.st_mtime_ns))
-    return SourceScan(root=root, classes=["a", "b"], class_to_idx={"a": 0, "b": 1}, files=files)
-
-def has_samples(path, options=None):
-    return bool(path.read_text().strip())
-
-def classes(path, options=None):
-    return ["a", "b"], {"a": 0, "b": 1}
-'''
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.fixture
-def list_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    (tmp_path / "listkind.py").write_text(LIST_KIND)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sources, "SOURCE_KINDS", ("listkind", *sources.SOURCE_KINDS))
-    yield "listkind"
-    sys.modules.pop("listkind", None)
-
-
-def test_a_source_kind_is_one_module(list_kind: str, tmp_path: Path) -> None:
+def test_a_source_kind_is_one_module(list_kind, tmp_path: Path) -> None:
     images = tmp_path / "images"
     images.mkdir()
     for i in range(3):
@@ -84,27 +61,124 @@ def test_an_unknown_source_is_refused_naming_it(tmp_path: Path) -> None:
         sources.scan_source(stray)
 
 
-def test_a_storage_mode_is_one_registry_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A zlib-compressed pixel mode: one StorageMode, and one RecordCodec for its new record layout."""
-    zlib_codec = len(codec.RECORD_CODECS)
+def test_a_malformed_json_is_refused_with_what_the_kinds_accept(tmp_path: Path) -> None:
+    """The message lists every registered kind by its DESCRIPTION: true for a ``.json`` (not a manifest), and for a new kind."""
+    stray = tmp_path / "labels.json"
+    stray.write_text("{not json")
+    with pytest.raises(FileNotFoundError) as raised:
+        sources.scan_source(stray)
+    message = str(raised.value)
+    assert "labels.json" in message and "is a file that is none of" in message and "neither a folder nor a manifest" not in message
+    for name in ("manifest", "folder"):
+        assert sources.describe_kind(name) in message
+    assert "map-style Dataset" not in message, "a path is never a Dataset: that kind is not offered for one"
+    with pytest.raises(FileNotFoundError, match="a map-style Dataset"):
+        sources.scan_source(object())
+
+
+def test_a_registered_kinds_description_reaches_the_messages_and_the_cli_help(list_kind, tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(FileNotFoundError, match=r"a \.list file of"):
+        sources.scan_source(tmp_path / "missing.list")
+    from lightning_lmdb.cli import make_parser
+
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["build", "--help"])
+    assert "a .list file of" in " ".join(capsys.readouterr().out.split())
+    sources.unregister_source_kind(list_kind)
+    with pytest.raises(FileNotFoundError) as raised:
+        sources.scan_source(tmp_path / "missing.list")
+    assert "a .list file" not in str(raised.value)
+
+
+def test_kind_of_remembers_a_sources_kind_until_it_changes_or_a_kind_is_registered(tmp_path: Path) -> None:
+    calls: list[object] = []
+
+    class Counting:
+        NAME, DESCRIPTION = "counting", "anything it is asked about (counts the questions)"
+
+        def accepts(self, source: object) -> bool:
+            calls.append(source)
+            return False
+
+        scan = has_samples = classes = None
+
+    counting = sources.register_source_kind(Counting(), before="manifest")
+    try:
+        folder = tmp_path / "images"
+        folder.mkdir()
+        os.utime(folder, ns=(time.time_ns() - 10**10,) * 2)  # 10 s old
+        assert sources.kind_of(folder).NAME == "folder"
+        assert sources.kind_of(str(folder)).NAME == "folder" and len(calls) == 1, "asked once per path"
+        (folder / "metadata.csv").write_text("file_name,label\n")  # the folder's mtime changes: asked again, each time while recent
+        assert sources.kind_of(folder).NAME == "manifest" and sources.kind_of(folder).NAME == "manifest" and len(calls) == 3
+        os.utime(folder, ns=(time.time_ns() - 10**10,) * 2)
+        assert sources.kind_of(folder).NAME == "manifest" and sources.kind_of(folder).NAME == "manifest" and len(calls) == 4
+        missing = tmp_path / "later"
+        assert sources.kind_of(missing) is None and sources.kind_of(missing) is None and len(calls) == 6, "a miss is never remembered"
+
+        class Samples:
+            def __len__(self) -> int:
+                return 1
+
+            def __getitem__(self, i: int) -> int:
+                return i
+
+        dataset = Samples()
+        assert sources.kind_of(dataset).NAME == "datasource" and sources.kind_of(dataset).NAME == "datasource" and len(calls) == 7
+        sources.register_source_kind(counting, before="manifest")  # a registration forgets every answer
+        assert sources.kind_of(dataset).NAME == "datasource" and sources.kind_of(folder).NAME == "manifest" and len(calls) == 9
+    finally:
+        sources.unregister_source_kind(counting)
+    assert [sources.kind_name(kind) for kind in sources.source_kinds()] == ["manifest", "folder", "datasource"]
+
+
+def test_a_source_kind_lacking_a_member_is_refused_naming_it() -> None:
+    class Half:
+        NAME, DESCRIPTION = "half", "half a kind"
+
+        def accepts(self, source: object) -> bool:
+            return False
+
+    with pytest.raises(OptionError, match="'half' lacks scan, has_samples, classes"):
+        sources.register_source_kind(Half())
+    with pytest.raises(OptionError, match="before='nope' names no registered source kind"):
+        sources.register_source_kind(sources.kind_of(Path(".")), before="nope")
+
+
+def test_source_kinds_is_still_readable_deprecated() -> None:
+    with pytest.warns(DeprecationWarning, match="register_source_kind"):
+        assert sources.SOURCE_KINDS == ("lightning_lmdb.manifest", "lightning_lmdb.folder", "lightning_lmdb.datasource")
+
+
+@pytest.fixture
+def zlib_mode():
+    """A zlib-compressed pixel mode: one StorageMode, and one RecordCodec for its new record layout, registered from the test."""
     pixels = codec.RECORD_CODECS[codec.PIXELS]
-    record = codec.RecordCodec(zlib_codec, "zlib pixels", file_bytes=False,
-                               decode=lambda value, decoder, size, name: pixels.decode(zlib.decompress(value), decoder, size, name))
+    record = codec.register_record_codec(codec.RecordCodec(
+        len(codec.RECORD_CODECS), "zlib pixels", file_bytes=False,
+        decode=lambda value, decoder, size, name: pixels.decode(zlib.decompress(value), decoder, size, name)))
     decoded = codec.STORAGE_MODES["decoded"]
 
     def encode(data: bytes, image: Image.Image, resize: int | None, quality: int) -> tuple[int, bytes]:
-        return zlib_codec, zlib.compress(decoded.encode(data, image, resize, quality)[1])
+        return record.id, zlib.compress(decoded.encode(data, image, resize, quality)[1])
 
-    monkeypatch.setattr(codec, "RECORD_CODECS", (*codec.RECORD_CODECS, record))
-    monkeypatch.setitem(codec.STORAGE_MODES, "zlib", codec.StorageMode("zlib", encode, default_codec=None))
-    # What writing the entry into STORAGE_MODES's literal does at import: the valid values follow the registry.
-    monkeypatch.setattr(codec, "STORAGES", tuple(codec.STORAGE_MODES))
-    monkeypatch.setitem(options.CHOICES, "storage", codec.STORAGES)
+    yield codec.register_storage_mode(codec.StorageMode("zlib", encode, default_codec=None))
+    codec.unregister_storage_mode("zlib")
+    codec.unregister_record_codec(record)
+
+
+def _pngs(tmp_path: Path) -> Path:
     source = tmp_path / "src"
     (source / "cat").mkdir(parents=True)
     rng = np.random.default_rng(0)
     for i in range(3):
         Image.fromarray(rng.integers(0, 255, (7, 9, 3), dtype=np.uint8)).save(source / "cat" / f"{i}.png")
+    return source
+
+
+def test_a_storage_mode_is_one_registry_entry(zlib_mode: codec.StorageMode, tmp_path: Path) -> None:
+    source = _pngs(tmp_path)
 
     target = build_lmdb(source, tmp_path / "zlib.lmdb", storage="zlib", workers=0, progress=False)
 
@@ -114,3 +188,76 @@ def test_a_storage_mode_is_one_registry_entry(tmp_path: Path, monkeypatch: pytes
         assert label == 0 and np.array_equal(np.asarray(image), np.asarray(Image.open(path).convert("RGB")))
     report = verify_lmdb(target, source=source)
     assert report.ok and report.checked == 3, report.problems
+    assert options.CHOICES["storage"][-1] == "zlib" and make_parser().parse_args(["build", "s", "t", "--storage", "zlib"]).storage == "zlib"
+    codec.unregister_storage_mode("zlib")
+    with pytest.raises(OptionError, match="storage='zlib' is not one of 'auto', 'encoded', 'decoded'"):
+        options.BuildOptions(storage="zlib")
+    with pytest.raises(DatabaseError, match="register_storage_mode"):
+        LMDBImageDataset(target)
+
+
+def test_a_registered_storage_mode_is_a_plain_hydra_value(zlib_mode: codec.StorageMode, tmp_path: Path) -> None:
+    """No configs/storage file: ``data.storage=zlib`` reaches the DataModule and its build."""
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"data.train_dir={_pngs(tmp_path)}", f"paths.data_dir={tmp_path}", "data.storage=zlib",
+                                          "data.val_fraction=0", "data.num_workers=0"])
+    data = instantiate(cfg.data)
+    assert data.build_options.storage == "zlib"
+    data.prepare_data()
+    meta, values = read_records(data.database_path("train"))
+    assert meta["storage"] == "zlib" and all(codec.decode_pixels(zlib.decompress(value)).shape == (7, 9, 3) for value in values)
+
+
+def test_a_record_codec_keeps_its_id() -> None:
+    with pytest.raises(OptionError, match="has id 2; the next free id is 6"):
+        codec.register_record_codec(codec.RecordCodec(2, "mine", codec.RECORD_CODECS[1].decode, file_bytes=False))
+    assert codec.register_record_codec(codec.RECORD_CODECS[2]) is codec.RECORD_CODECS[2], "registering a codec again changes nothing"
+
+
+def _negative_db(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
+    source = tmp_path / "src" / "cat"
+    source.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    pixels = [rng.integers(0, 255, (5, 6, 3), dtype=np.uint8) for _ in range(3)]
+    for i, image in enumerate(pixels):
+        Image.fromarray(image).save(source / f"{i}.png")
+    return build_lmdb(source.parent, tmp_path / "png.lmdb", storage="encoded", workers=0, progress=False), pixels
+
+
+@pytest.fixture
+def negative_decoder():
+    """``seamdecoder``'s ``"negative"`` decoder, registered on its import, removed (and the module forgotten) after the test."""
+    import seamdecoder
+
+    decoders.register_decoder(seamdecoder.NEGATIVE)  # again, should an earlier test have removed it
+    yield seamdecoder
+    decoders.unregister_decoder("negative")
+    sys.modules.pop("seamdecoder", None)
+
+
+def _read_all(dataset: LMDBImageDataset, context: str) -> list[np.ndarray]:
+    loader = torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=1, multiprocessing_context=context)
+    images, labels = next(iter(loader))
+    assert labels.tolist() == [0, 0, 0]
+    return [image.permute(1, 2, 0).numpy() for image in images]
+
+
+def test_a_decoder_is_one_registry_entry(negative_decoder, tmp_path: Path) -> None:
+    """Registered from the test alone: the dataset accepts its name and forked loader workers decode with it."""
+    target, pixels = _negative_db(tmp_path)
+    dataset = LMDBImageDataset(target, decoder="negative")
+    assert [np.array_equal(image, 255 - p) for image, p in zip(_read_all(dataset, "fork"), pixels)] == [True] * 3
+    assert any(line.startswith("negative: ") for line in decoders.parity_policy())
+    decoders.unregister_decoder("negative")
+    with pytest.raises(OptionError, match="decoder='negative' is not one of .*register_decoder"):
+        LMDBImageDataset(target, decoder="negative")
+
+
+@pytest.mark.slow
+def test_a_decoder_reaches_spawned_workers_through_a_module_they_import(negative_decoder, tmp_path: Path) -> None:
+    target, pixels = _negative_db(tmp_path)
+    dataset = LMDBImageDataset(target, transform=negative_decoder.keep, decoder="negative")
+    assert [np.array_equal(image, 255 - p) for image, p in zip(_read_all(dataset, "spawn"), pixels)] == [True] * 3
+    plain = LMDBImageDataset(target, decoder="negative")  # nothing the worker unpickles imports seamdecoder
+    with pytest.raises(Exception, match="register_decoder"):
+        _read_all(plain, "spawn")
