@@ -51,7 +51,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
@@ -64,7 +64,7 @@ from lightning_lmdb.imageinfo import ImageInfo, read_info
 if TYPE_CHECKING:  # torch is imported where a tensor is made (decoders.hwc_to_tensor): info and verify do without it
     import torch
 
-__all__ = ["STORAGES", "STORAGE_MODES", "RECORD_CODECS", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordCodec", "RecordError",
+__all__ = ["STORAGES", "STORAGE_MODES", "RECORD_CODECS", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordCodec", "RecordError",  # noqa: F822  (STORAGES: the module __getattr__)
            "StorageMode", "register_record_codec", "register_storage_mode", "unregister_record_codec", "unregister_storage_mode",
            "decode_record", "encode_record", "encode_pixels", "decode_pixels", "encode_zstd_pixels", "decode_zstd_pixels",
            "resize_pixels", "storage_mode"]
@@ -320,7 +320,6 @@ class StorageMode:
 #: Every storage mode, by name (the first is the default): :func:`register_storage_mode`.
 STORAGE_MODES: dict[str, StorageMode] = {}
 #: The valid ``storage=`` values (the registry's names).
-STORAGES: tuple[str, ...] = ()
 
 
 def register_storage_mode(mode: StorageMode) -> StorageMode:
@@ -333,21 +332,17 @@ def register_storage_mode(mode: StorageMode) -> StorageMode:
     Raises:
         OptionError: ``mode`` is not a :class:`StorageMode`, or its ``default_codec`` is no registered record codec.
     """
-    global STORAGES
     if not isinstance(mode, StorageMode) or not mode.name or not isinstance(mode.name, str):
         raise OptionError(f"register_storage_mode() takes a lightning_lmdb.codec.StorageMode with a name, not {mode!r}.")
     if mode.default_codec is not None and not 0 <= mode.default_codec < len(RECORD_CODECS):
         raise OptionError(f"Storage mode {mode.name!r}'s default_codec={mode.default_codec} is no registered record codec.")
     STORAGE_MODES[mode.name] = mode
-    STORAGES = tuple(STORAGE_MODES)
     return mode
 
 
 def unregister_storage_mode(name: str) -> None:
     """Remove the storage mode called ``name`` (nothing happens when there is none)."""
-    global STORAGES
     STORAGE_MODES.pop(name, None)
-    STORAGES = tuple(STORAGE_MODES)
 
 
 register_storage_mode(StorageMode("auto", _encode_auto, default_codec=None))
@@ -364,7 +359,7 @@ def storage_mode(name: str) -> StorageMode:
     try:
         return STORAGE_MODES[name]
     except KeyError:
-        raise RecordError(f"Storage {name!r} is not one of {', '.join(map(repr, STORAGES))}: the database was built by a newer "
+        raise RecordError(f"Storage {name!r} is not one of {', '.join(map(repr, STORAGE_MODES))}: the database was built by a newer "
                           "lightning_lmdb (upgrade it) or with a storage mode of your own (register_storage_mode() it first).") from None
 
 
@@ -426,3 +421,9 @@ def decode_record(
         RecordError: A pixel record that is damaged, or an unknown codec.
     """
     return record_codec(codec).decode(value, decoder, decode_size, name)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "STORAGES":  # the registered storage modes' names, derived from the registry on each access
+        return tuple(STORAGE_MODES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -130,7 +130,6 @@ class ImageDecoder:
 #: The registered decoders by name (:func:`register_decoder`).
 _DECODERS: dict[str, ImageDecoder] = {}
 #: The valid values of ``decoder=`` (the registry's names, kept up to date by :func:`register_decoder`).
-DECODERS: tuple[str, ...] = ()
 
 
 def register_decoder(entry: ImageDecoder) -> ImageDecoder:
@@ -142,21 +141,17 @@ def register_decoder(entry: ImageDecoder) -> ImageDecoder:
     Raises:
         OptionError: ``entry`` is not an :class:`ImageDecoder`, or has neither ``decode`` nor ``choose`` (and is not ``pil``).
     """
-    global DECODERS
     if not isinstance(entry, ImageDecoder) or not entry.name or not isinstance(entry.name, str):
         raise OptionError(f"register_decoder() takes a lightning_lmdb.decoders.ImageDecoder with a name, not {entry!r}.")
     if entry.decode is None and entry.choose is None and not entry.pil:
         raise OptionError(f"Decoder {entry.name!r} has neither decode nor choose: give it one (see lightning_lmdb.decoders.ImageDecoder).")
     _DECODERS[entry.name] = entry
-    DECODERS = tuple(_DECODERS)
     return entry
 
 
 def unregister_decoder(name: str) -> None:
     """Remove the decoder called ``name`` (nothing happens when there is none)."""
-    global DECODERS
     _DECODERS.pop(name, None)
-    DECODERS = tuple(_DECODERS)
 
 
 def decoder_entry(name: Any, hint: str = "") -> ImageDecoder:
@@ -493,3 +488,9 @@ register_decoder(ImageDecoder("opencv", _opencv, available=_importable("cv2"),
 register_decoder(ImageDecoder("auto", choose=_auto, available=_importable("cv2"),
                               parity="OpenCV's pixels where they meet the policy, PIL's elsewhere (CMYK / YCCK and 12-bit JPEGs, "
                                      "animated WebP, every other format)."))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DECODERS":  # the registered decoders' names, derived from the registry on each access
+        return tuple(_DECODERS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
