@@ -1,9 +1,9 @@
 """Typed targets: what a database stores per record beside its image, and what a dataset serves as ``ds[i][1]``.
 
-A source's target kind (:data:`lightning_lmdb.sources.TargetKind`) says what a sample's target is:
+A source's target kind (:data:`lightning_lmdb.sources.base.TargetKind`) says what a sample's target is:
 
 ============== ============================================= ===========================================
-kind           stored (:mod:`lightning_lmdb.format` arrays)   served
+kind           stored (:mod:`lightning_lmdb.store.format` arrays)   served
 ============== ============================================= ===========================================
 ``class``      ``meta/targets``: ``int32`` class index        ``int`` (as ``ImageFolder``)
 ``none``       ``meta/targets``: ``-1``                       ``-1`` (as a flat folder)
@@ -12,7 +12,7 @@ kind           stored (:mod:`lightning_lmdb.format` arrays)   served
                ``meta/label-offsets`` (``int64``, count + 1)
 ``regression`` ``meta/values``: ``float32`` ``count x K``     ``float32`` tensor ``[K]``
 ``mask``       the record holds its mask                      ``int64`` ``H x W`` tensor (the datasets,
-               (:mod:`lightning_lmdb.masks`); ``meta/labels``  from the record; not this table)
+               (:mod:`lightning_lmdb.sources.masks`); ``meta/labels``  from the record; not this table)
                and ``meta/label-offsets``: the classes each
                mask holds, as ``multilabel``
 ============== ============================================= ===========================================
@@ -20,7 +20,7 @@ kind           stored (:mod:`lightning_lmdb.format` arrays)   served
 ``meta/targets`` is always there (``-1`` for the kinds that are not ``class``), so a per-record class index
 is one array read whatever the kind. :class:`TargetTable` holds one database's (or scan's) targets in numpy
 arrays -- never one Python object per record -- and builds each sample's target on demand. :func:`read_typed` reads the
-typed arrays of a database's metadata (:func:`lightning_lmdb.format.read_meta`).
+typed arrays of a database's metadata (:func:`lightning_lmdb.store.format.read_meta`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lightning_lmdb.pathtable import PathTable
-from lightning_lmdb.sources import NO_TARGET, TARGET_KINDS, Target
+from lightning_lmdb.sources.base import NO_TARGET, TARGET_KINDS, Target
 
 if TYPE_CHECKING:
     import torch
@@ -85,7 +85,7 @@ class TargetTable:
 
     @classmethod
     def pack(cls, kind: str, targets: Sequence[Target], width: int = 0) -> TargetTable:
-        """The table of a scan's per-file targets (:data:`lightning_lmdb.sources.Target`) of kind ``kind``.
+        """The table of a scan's per-file targets (:data:`lightning_lmdb.sources.base.Target`) of kind ``kind``.
 
         Args:
             kind: The target kind.
@@ -128,7 +128,8 @@ class TargetTable:
                 each mask holds).
         """
         if self.kind == "mask":
-            raise TypeError("A segmentation database's targets are its masks, stored in the records (lightning_lmdb.masks.unpack and "
+            raise TypeError("A segmentation database's targets are its masks, stored in the records "
+                            "(lightning_lmdb.sources.masks.unpack and "
                             "decode_mask); TargetTable.item does not serve them. TargetTable.tolist() gives the classes each mask holds.")
         if self.kind not in ("multilabel", "regression"):
             return int(self.index[row])
@@ -164,7 +165,7 @@ class TargetTable:
 
 def read_typed(get: JsonFields, read: Callable[[str], np.ndarray], meta: Any, *, arrays: bool = False) -> dict[str, Any]:
     """The target kind, typed targets, splits and mask fields of a database header (version 3 fields; absent from older files),
-    each checked: the fields to replace in ``meta`` (a :class:`lightning_lmdb.format.Metadata` with the shared fields read).
+    each checked: the fields to replace in ``meta`` (a :class:`lightning_lmdb.store.format.Metadata` with the shared fields read).
 
     Args:
         get: The header's fields.

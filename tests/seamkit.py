@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning_lmdb.sources import ManifestOptions, SourceFile, SourceScan
+from lightning_lmdb.sources.base import ManifestOptions, SourceFile, SourceScan
 
 NAME = "list"
 DESCRIPTION = "a .list file of 'relative-path class-index' lines"

@@ -16,9 +16,9 @@ from hydra.utils import instantiate
 from PIL import Image
 
 from lightning_lmdb import LMDBDataModule
-from lightning_lmdb.cli import build_options, main, make_parser
 from lightning_lmdb.errors import OptionError
-from lightning_lmdb.sources import ManifestOptions
+from lightning_lmdb.sources.base import ManifestOptions
+from lightning_lmdb.tools.cli import build_options, main, make_parser
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

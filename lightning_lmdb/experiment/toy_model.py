@@ -40,15 +40,15 @@ from torchmetrics import Metric
 from torchmetrics.classification import MultilabelF1Score
 
 from lightning_lmdb.errors import OptionError, SourceError
-from lightning_lmdb.masks import DEFAULT_IGNORE_INDEX
-from lightning_lmdb.sources import TARGET_KINDS
+from lightning_lmdb.sources.base import TARGET_KINDS
+from lightning_lmdb.sources.masks import DEFAULT_IGNORE_INDEX
 
 #: The stages whose steps log metrics.
 _STAGES = ("train", "val", "test")
 
 
 def _check_kind(target_kind: str) -> str:
-    """``target_kind``, or an :class:`OptionError` that names it when it is not one of :data:`~lightning_lmdb.sources.TARGET_KINDS`."""
+    """``target_kind``, or an :class:`OptionError` that names it when it is not one of :data:`~lightning_lmdb.sources.base.TARGET_KINDS`."""
     if target_kind not in TARGET_KINDS:
         raise OptionError(f"target_kind={target_kind!r} is not one of {', '.join(map(repr, TARGET_KINDS))}. "
                           "Pass the data's kind (train.py passes datamodule.target_kind).")
