@@ -141,7 +141,9 @@ def auto_readahead(path: str | os.PathLike[str]) -> bool:
 
 
 class ImageDatasetBase(RowView, DecodingChoice, Dataset):
-    """What both backends share: the view (:class:`~lightning_lmdb.views.RowView`), transforms, decoding and ``__getitem__``.
+    """What both backends share: the view (:class:`~lightning_lmdb.views.RowView`), transforms, decoding and ``__getitem__``
+    (the base of :class:`LMDBImageDataset`, :class:`~lightning_lmdb.rawdataset.RawImageDataset` and ``SourceDataset``; formerly
+    ``_ImageDataset``).
 
     Loader statistics are off until :meth:`enable_loader_stats`; a view of a dataset with them on gets
     a :class:`LoaderStats` of its own.

@@ -136,7 +136,7 @@ class RawImageDataset(ImageDatasetBase):
         dataset._targets, dataset._paths, dataset._splits = meta.target_table(), meta.paths, meta.splits
         dataset._masks = getattr(meta, "mask_paths", None) if masked else None
         ImageDatasetBase.__init__(dataset, meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder,
-                               decode_size, stored_targets(meta), ignore_index_of(meta))
+                                  decode_size, stored_targets(meta), ignore_index_of(meta))
         return dataset
 
     def files(self) -> list[str]:
