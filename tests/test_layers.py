@@ -14,6 +14,7 @@ import lightning_lmdb
 LAYERS = (
     "errors",
     "_moved",
+    "deprecated",
     "jsonfields",
     "pathtable",
     "codec",

@@ -34,12 +34,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_a_source_kind_is_one_module(list_kind, tmp_path: Path) -> None:
-    images = tmp_path / "images"
-    images.mkdir()
-    for i in range(3):
-        Image.new("RGB", (6, 5), (40 * i, 0, 0)).save(images / f"{i}.png")
-    listing = images / "train.list"
-    listing.write_text("2.png 1\n0.png 0\n1.png 1\n")
+    listing = list_kind.write_listing(tmp_path, [(2, 1), (0, 0), (1, 1)])
+    images = listing.parent
 
     target = build_lmdb(listing, tmp_path / "out.lmdb", storage="encoded", workers=0, progress=False)
 

@@ -137,13 +137,13 @@ class ToyCNN(pl.LightningModule):
         if kind == "none":
             raise SourceError("target_kind='none': the data has no labels (a flat folder, or a manifest without a label column), so there "
                               "is nothing to learn. Use a folder with one subfolder per class, or a manifest with a label column "
-                              "(Hydra: data.manifest.label_column=...); model=noop runs on unlabelled data.")
+                              "(Hydra: data.source_options.label_column=...); model=noop runs on unlabelled data.")
         if kind == "regression" and outputs < 1:
             raise OptionError(f"num_outputs={outputs}: a regression head needs one output per target value (K >= 1). "
                               "Pass num_outputs=len(datamodule.target_names).")
         if kind == "mask" and outputs < 1:
             raise SourceError(f"num_outputs={outputs}: the masks have no classes (no value below ignore_index={ignore_index}). "
-                              "Pass the number of classes (Hydra: data.manifest.num_classes=...), or check the masks' values.")
+                              "Pass the number of classes (Hydra: data.source_options.num_classes=...), or check the masks' values.")
         if outputs < 1:
             raise SourceError(
                 f"num_classes={outputs}: the data has no classes (a flat folder?). Use a folder with one subfolder per class, "

@@ -244,7 +244,7 @@ def mask_column(manifest: str, columns: list[str], options: ManifestOptions) -> 
     if options.target_kind not in (None, "mask") or "mask" not in columns:
         if options.target_kind == "mask":
             raise SourceError(f"{manifest} has no 'mask' column for target_kind='mask'; its columns are {columns}. Name it with "
-                              "mask_column= (CLI --mask-column, Hydra data.manifest.mask_column).")
+                              "mask_column= (CLI --mask-column, Hydra data.source_options.mask_column).")
         unused = [f"{name}={getattr(options, name)!r}" for name in ("ignore_index", "num_classes") if getattr(options, name) is not None]
         if unused:
             raise OptionError(f"{', '.join(unused)}: these options read segmentation masks, but {manifest} is read without a mask "
