@@ -18,7 +18,7 @@ from lightning_lmdb import database, envs, masks
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record, record_codec
 from lightning_lmdb.sources import ManifestOptions, SourceFile, SourceScan
-from lightning_lmdb.targets import named
+from lightning_lmdb.targets import named, target_kind
 
 
 @dataclass
@@ -220,7 +220,7 @@ def codec_counts(codecs: np.ndarray) -> dict[str, int]:
 
 def _compare_record(value: memoryview, codec: int, file: SourceFile, meta: fmt.Metadata, root: str, stored_mask: str | None) -> str | None:
     """Why a record differs from its source file (and a segmentation record from its mask file), else ``None``."""
-    if meta.target_kind != "mask":
+    if not target_kind(meta.target_kind).in_record:  # the record is the image alone
         return _compare_with_source(value, codec, file.path, meta)
     try:
         image, mask = masks.unpack(value)
