@@ -22,8 +22,8 @@ from PIL import Image
 
 from lightning_lmdb import codec, decoders, options, sources, targets
 from lightning_lmdb.cli import make_parser
-from lightning_lmdb.datamodule import LMDBDataModule
 from lightning_lmdb.database import load_meta
+from lightning_lmdb.datamodule import LMDBDataModule
 from lightning_lmdb.dataset import LMDBImageDataset
 from lightning_lmdb.errors import DatabaseError, OptionError
 from lightning_lmdb.transforms import ResizedCrop, eval_transform
