@@ -31,6 +31,7 @@ from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.rawdataset import RawImageDataset, SampleReads, SourceDataset, mask_classes, read_samples, source_labels
 from lightning_lmdb.sources import SourceScan, scan_source
 from lightning_lmdb.staging import stage, staged_path
+from lightning_lmdb.targets import target_kind
 from lightning_lmdb.writer import build_lmdb, build_shards, find_bad_files
 
 log = logging.getLogger(__name__)
@@ -429,7 +430,7 @@ class RawBackend(ServingBackend):
         if dataset is not None:
             return SourceDataset.from_reads(dataset, self.sample_reads(split, scan))
         found = self.labels.get(split)  # a mask source's classes, found before setup (mask_labels)
-        classes = found.classes if found is not None and scan.target_kind == "mask" else None
+        classes = found.classes if found is not None and target_kind(str(scan.target_kind)).in_record else None
         if options.on_error != "skip":
             return RawImageDataset.from_scan(scan, classes=classes)
         bad = find_bad_files(scan, max_pixels=options.max_pixels, workers=options.workers)

@@ -149,7 +149,8 @@ class _ImageDataset(RowView, DecodingChoice, Dataset):
     _stats: LoaderStats | None = None  # None: off (the default; also a copy unpickled outside a process start)
     _block_reads: blockread.BlockReads | None = None  # None: off (LMDBImageDataset.read_blocks)
 
-    #: What ``ds[i][1]`` is (:data:`lightning_lmdb.sources.TargetKind`): ``"class"`` (an ``int``), ``"none"`` (``-1``),
+    #: What ``ds[i][1]`` is: a registered target kind's name (:mod:`lightning_lmdb.targets`; :attr:`target_entry` serves it). The
+    #: library's: ``"class"`` (an ``int``), ``"none"`` (``-1``),
     #: ``"multilabel"`` (a ``float32`` multi-hot tensor over ``classes``), ``"regression"`` (a ``float32`` tensor, one
     #: value per name of ``target_names``) or ``"mask"`` (an ``int64`` ``H x W`` mask, transformed with the image).
     target_kind: str = "class"
