@@ -62,7 +62,8 @@ class ToyCNN(pl.LightningModule):
         width: Channels of the first block (doubled in each next one).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
-        target_kind: ``"class"``, ``"multilabel"``, ``"regression"`` or ``"mask"`` (``"none"`` is refused: nothing to learn).
+        target_kind: ``"class"``, ``"multilabel"``, ``"regression"`` or ``"mask"`` (``"none"`` is refused: nothing to learn), or a
+            kind of yours with a loss registered (:func:`lightning_lmdb.experiment.target_losses.register_loss`).
         num_outputs: Size of the head: the number of classes (``class``, ``multilabel``, ``mask``) or of values per sample
             (``regression``: ``len(datamodule.target_names)``); ``None`` for ``num_classes``.
         ignore_index: For ``mask``: the mask value of unlabelled pixels, left out of the loss and the mean IoU
@@ -183,7 +184,7 @@ class NoOpModel(pl.LightningModule):
         ignore_index: The masks' ignore value (``mask`` data; kept in the hyperparameters only).
 
     Raises:
-        OptionError: A ``target_kind`` that is not one of ``"class"``, ``"multilabel"``, ``"regression"``, ``"none"``, ``"mask"``.
+        OptionError: A ``target_kind`` that is not a registered target kind (:func:`lightning_lmdb.targets.target_kinds`).
     """
 
     def __init__(self, num_classes: int = 0, lr: float = 0.0, target_kind: str = "class", num_outputs: int | None = None,
