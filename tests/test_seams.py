@@ -300,6 +300,25 @@ def test_a_target_kind_is_one_registry_entry(keypoints_kind, tmp_path: Path) -> 
     assert verify_lmdb(target).ok
 
 
+def test_a_manifest_column_feeds_a_registered_target_kind(keypoints_kind, tmp_path: Path) -> None:
+    """A JSON Lines manifest's column of points, read through the kind's ``hold``; a cell it refuses is named by its line."""
+    import json
+
+    for i in range(2):
+        Image.new("RGB", (8, 8)).save(tmp_path / f"{i}.png")
+    rows = [{"path": "0.png", "points": [1, 2, 3, 4]}, {"path": "1.png", "points": []}]
+    manifest = tmp_path / "points.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    target = build_lmdb(manifest, tmp_path / "m.lmdb", workers=0, progress=False,
+                        manifest={"target_kind": "keypoints", "label_column": "points"})
+    served = LMDBImageDataset(target)
+    assert served.target_kind == "keypoints" and [served[i][1].tolist() for i in range(2)] == [[[1.0, 2.0], [3.0, 4.0]], []]
+    manifest.write_text(json.dumps({"path": "0.png", "points": [1, 2, 3]}) + "\n")
+    with pytest.raises(Exception, match=r"line 1.*not a flat list of x, y coordinates"):
+        build_lmdb(manifest, tmp_path / "bad.lmdb", workers=0, progress=False,
+                   manifest={"target_kind": "keypoints", "label_column": "points"})
+
+
 def test_a_target_kinds_geometry_moves_its_points_with_the_image(keypoints_kind, tmp_path: Path) -> None:
     target = _points_db(tmp_path)
     # the whole 8 x 8 image resized to 4 x 4 (scale and ratio 1: the crop is the image) and always flipped
