@@ -298,6 +298,9 @@ def test_a_target_kind_is_one_registry_entry(keypoints_kind, tmp_path: Path) -> 
     plain = LMDBImageDataset(target)
     assert [plain[i][1].tolist() for i in range(2)] == [[[3.0, 1.0]], [[3.0, 1.0], [4.0, 4.0]]]
     assert verify_lmdb(target).ok
+    targets.unregister_target_kind("keypoints")
+    with pytest.raises(DatabaseError, match=r"holds targets of kind 'keypoints', not one of 'class', .*register_target_kind\(\)"):
+        LMDBImageDataset(target)
 
 
 def test_a_manifest_column_feeds_a_registered_target_kind(keypoints_kind, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lightning_lmdb.errors import DatabaseError
 from lightning_lmdb.pathtable import PathTable
 from lightning_lmdb.targets.base import Target, kind_names, target_kind
 
@@ -106,8 +107,9 @@ def read_typed(get: JsonFields, read: Callable[[str], np.ndarray], meta: Any, *,
     """
     name = get("target_kind", str) if "target_kind" in get.obj else meta.target_kind
     if name not in kind_names():
-        get.fail("target_kind", f"is {name!r}, not one of {kind_names()} (a newer lightning_lmdb built it: upgrade; or a target kind "
-                                "of your own: register_target_kind() it first, in a module your loader workers import too)")
+        raise DatabaseError(f"{str(get.path)!r} holds targets of kind {name!r}, not one of {', '.join(map(repr, kind_names()))} "
+                            "registered here: a newer lightning_lmdb built it (upgrade), or it is a target kind of your own: "
+                            "register_target_kind() it first (lightning_lmdb.targets), in a module your loader workers import too.")
     kind = target_kind(name)
     names, split_names = (get.list_of(key, str) if key in get.obj else [] for key in ("target_names", "split_names"))
     typed: dict[str, Any] = {"target_kind": name, "target_names": names, "split_names": split_names}
