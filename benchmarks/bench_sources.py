@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import make_jpeg_folder  # noqa: E402
 
 from lightning_lmdb.dataset import LMDBImageDataset  # noqa: E402
-from lightning_lmdb.sources import ManifestOptions, scan_source  # noqa: E402
+from lightning_lmdb.sources import SourceOptions, scan_source  # noqa: E402
 from lightning_lmdb.writer import build_lmdb  # noqa: E402
 
 
@@ -114,7 +114,7 @@ def main() -> None:
     print(f"{'source':38} {'scan s':>8} {'build s':>8} {'build x':>8} {'serve img/s':>12} {'serve x':>8}")
     base: tuple[float, float] | None = None
     for name, (source, options) in sources.items():
-        manifest = ManifestOptions.of(options)
+        manifest = SourceOptions.of(options)
         scan_s = timed(lambda s=source, m=manifest: scan_source(s, m), args.repeats) if name != "Dataset (bytes, int)" else float("nan")
         target = out / f"{name.split()[0].lower()}-{len(name)}.lmdb"
 

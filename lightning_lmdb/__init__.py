@@ -1,4 +1,4 @@
-"""lightning_lmdb: pack an image folder into one LMDB file and serve it to PyTorch Lightning.
+"""lightning_lmdb: pack image folders (or manifests, or Datasets) into LMDB files and serve them to PyTorch Lightning.
 
 Public names are imported lazily, so ``import lightning_lmdb`` stays cheap (builder worker processes
 and the CLI do not pay for importing torch until they need it).
@@ -14,11 +14,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LightningLMDBError": "lightning_lmdb.errors",
     "build_lmdb": "lightning_lmdb.writer",
-    "BuildError": "lightning_lmdb.writer",
-    "StaleDatabaseError": "lightning_lmdb.writer",
+    "BuildError": "lightning_lmdb.errors",
+    "StaleDatabaseError": "lightning_lmdb.errors",
     "DiskFullError": "lightning_lmdb.errors",
-    "DatabaseError": "lightning_lmdb.format",
-    "ImageDecodeError": "lightning_lmdb.codec",
+    "DatabaseError": "lightning_lmdb.errors",
+    "ImageDecodeError": "lightning_lmdb.errors",
     "BuildOptions": "lightning_lmdb.options",
     "verify_lmdb": "lightning_lmdb.verify",
     "describe_lmdb": "lightning_lmdb.verify",

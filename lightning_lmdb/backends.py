@@ -13,7 +13,6 @@ import errno
 import logging
 import os
 import shutil
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,8 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_lmdb import blockread, database, datasource, folder, fsops, manifest, netfs, sources
-from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset
+from lightning_lmdb.dataset import ImageDatasetBase, LMDBImageDataset
+from lightning_lmdb.deprecated import deprecated_names
 from lightning_lmdb.dm_plan import DataPlan, recorded_root  # noqa: F401 (recorded_root: re-exported, it was defined here)
 from lightning_lmdb.errors import CacheDirError, SourceError
 from lightning_lmdb.format import DatabaseError, Metadata
@@ -146,7 +146,7 @@ class ServingBackend:
         """The path the loaders of ``split`` read (mounting it on first use)."""
         raise NotImplementedError
 
-    def open(self, split: str) -> _ImageDataset:
+    def open(self, split: str) -> ImageDatasetBase:
         """The whole dataset of ``split``, without transforms."""
         raise NotImplementedError
 
@@ -154,15 +154,15 @@ class ServingBackend:
         """The databases served (none for the raw backend)."""
         return []
 
-    def cached_files(self, datasets: dict[str, _ImageDataset]) -> list[str]:
+    def cached_files(self, datasets: dict[str, ImageDatasetBase]) -> list[str]:
         """The files a cold-cache epoch evicts, on the disk (``datasets``: those set up)."""
         raise NotImplementedError
 
-    def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
+    def data_bytes(self, split: str, dataset: ImageDatasetBase) -> int:
         """Bytes of the data served for ``split`` (what ``shuffle=None`` compares with the memory available)."""
         raise NotImplementedError
 
-    def block_size(self, split: str, dataset: _ImageDataset) -> int | None:
+    def block_size(self, split: str, dataset: ImageDatasetBase) -> int | None:
         """Records per block of a block-shuffled order of ``split``."""
         return getattr(dataset, "block_size", None)
 
@@ -172,7 +172,7 @@ class ServingBackend:
         """``split`` (default: the first) and its source, the metadata of the database served for it without reading the source (a
         given database, or with ``on_stale="ignore"`` an existing one whose source is gone), and the source's kind."""
         plan = self.plan
-        split, given = next((s, d) for s, d in plan.dirs.items() if d is not None and split in (None, s))
+        split, given = next((s, d) for s, d in plan.sources.items() if d is not None and split in (None, s))
         if split in plan.given_databases:
             return split, given, database.load_meta(given), None
         kind = sources.kind_of(given)
@@ -209,9 +209,9 @@ class ServingBackend:
 
     def _mapped_options(self, split: str) -> BuildOptions:
         plan = self.plan
-        options, given = plan.build_options, plan.dirs[split]
+        options, given = plan.build_options, plan.sources[split]
         kind = None if split in plan.given_databases else sources.kind_of(given)
-        if split == "train" or given is None or plan.dirs["train"] is None or (kind is None and split not in plan.given_databases):
+        if split == "train" or given is None or plan.sources["train"] is None or (kind is None and split not in plan.given_databases):
             return options  # nothing to map, or nothing to map through, or (on_stale="ignore") no source to read
         # a Dataset's classes only when known without reading its samples (its targets are its own: compared, never mapped)
         own = sources.Labels(*datasource.classes(given, options.manifest), "class") if kind is datasource else self.split_labels(split)
@@ -226,8 +226,8 @@ class ServingBackend:
             raise SourceError(
                 f"{where} has the class(es) {', '.join(map(repr, missing))}, which train_dir {plan.given_as['train']!r} lacks: "
                 f"a model trained on its {len(train.classes)} classes cannot predict them. Add training samples of them to train_dir, "
-                f"remove them from {split}_dir, or name every class in target order for all splits: manifest={{'classes': [...]}} "
-                "(Hydra: data.manifest.classes=[...])."
+                f"remove them from {split}_dir, or name every class in target order for all splits: source_options={{'classes': [...]}} "
+                "(Hydra: data.source_options.classes=[...])."
             )
         if kind not in (folder, manifest):  # a database's targets are stored, a Dataset's are its own: they cannot be mapped here
             moved = ", ".join(f"{name!r} is {k} there, {train.class_to_idx[name]} in training"
@@ -373,8 +373,8 @@ class LMDBBackend(ServingBackend):
         built = self.database_path(split)
         if not built.exists():
             raise SourceError(f"The mask classes of {str(scan.root)!r} are known once its database is built, which another node builds "
-                              "(shared_filesystem): pass them before setup(), e.g. manifest={'num_classes': N} (Hydra: "
-                              "data.manifest.num_classes=N), or read num_classes after setup().")
+                              "(shared_filesystem): pass them before setup(), e.g. source_options={'num_classes': N} (Hydra: "
+                              "data.source_options.num_classes=N), or read num_classes after setup().")
         return _meta_labels(database.load_meta(built))
 
     def served_path(self, split: str) -> Path:
@@ -389,10 +389,10 @@ class LMDBBackend(ServingBackend):
     def database_paths(self) -> list[Path]:
         return [self.database_path(split) for split in self.splits()]
 
-    def cached_files(self, datasets: dict[str, _ImageDataset]) -> list[str]:
+    def cached_files(self, datasets: dict[str, ImageDatasetBase]) -> list[str]:
         return [on_disk(f) for split in self.splits() for f in database.database_files(self.served_path(split))]
 
-    def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
+    def data_bytes(self, split: str, dataset: ImageDatasetBase) -> int:
         return database.database_bytes(self.served_path(split))
 
 
@@ -442,7 +442,7 @@ class RawBackend(ServingBackend):
 
     def _open_given(self, split: str) -> RawImageDataset:
         """The samples of the database given for ``split``, read from the files it was built from (its root must still exist)."""
-        given = self.plan.dirs[split]
+        given = self.plan.sources[split]
         assert given is not None  # a given database
         meta = database.load_meta(given, arrays=True)
         if meta.source.root.startswith("<dataset "):  # datasource.scan's root: the dataset is not in the database
@@ -458,14 +458,14 @@ class RawBackend(ServingBackend):
         self.sizes[split] = (database.database_bytes(given), meta.count)
         return RawImageDataset.from_metadata(self.source_path(split), meta)
 
-    def cached_files(self, datasets: dict[str, _ImageDataset]) -> list[str]:
+    def cached_files(self, datasets: dict[str, ImageDatasetBase]) -> list[str]:
         raw = {d.root: d for d in datasets.values() if isinstance(d, RawImageDataset)}
         return [on_disk(path) for dataset in raw.values() for path in (*dataset.files(), *dataset.mask_files())]
 
-    def data_bytes(self, split: str, dataset: _ImageDataset) -> int:
+    def data_bytes(self, split: str, dataset: ImageDatasetBase) -> int:
         return self.sizes.get(split, (0, 0))[0]
 
-    def block_size(self, split: str, dataset: _ImageDataset) -> int | None:
+    def block_size(self, split: str, dataset: ImageDatasetBase) -> int | None:
         if hasattr(dataset, "block_size"):
             return dataset.block_size
         return blockread.block_size_for(*self.sizes[split]) if split in self.sizes else None
@@ -474,14 +474,6 @@ class RawBackend(ServingBackend):
 #: The backend class of each ``backend`` value.
 BACKEND_CLASSES: dict[str, type[ServingBackend]] = {"lmdb": LMDBBackend, "raw": RawBackend}
 
-#: Names kept for one release: old name -> (the object, its new name).
-_DEPRECATED = {"Backend": (ServingBackend, "ServingBackend")}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        value, new = _DEPRECATED[name]
-        warnings.warn(f"lightning_lmdb.backends.{name} is deprecated, use lightning_lmdb.backends.{new}: the name {name!r} is "
-                      "also dm_options.Backend, the backend's name (a Literal).", DeprecationWarning, stacklevel=2)
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: Names kept for one release: old name -> (the object, its new name). ``Backend`` was also the backend's name, a ``Literal``
+#: (now :data:`lightning_lmdb.dm_options.BackendName`).
+__getattr__ = deprecated_names(__name__, {"Backend": (ServingBackend, "ServingBackend")})

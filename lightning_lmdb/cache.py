@@ -22,12 +22,13 @@ Limits (each one makes a later read look warmer than it should):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import mmap
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -62,21 +63,32 @@ def evict(paths: Iterable[str | os.PathLike[str]], *, sync: bool = False) -> int
     """
     advised = 0
     for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"Cannot evict {os.fspath(path)!r} from the page cache: no such file.") from None
-        try:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                raise IsADirectoryError(f"{os.fspath(path)!r} is a folder; evict its files with evict_tree({os.fspath(path)!r}).")
+        with _opened(path, "Cannot evict {path!r} from the page cache: no such file.", stat.S_ISDIR,
+                     "{path!r} is a folder; evict its files with evict_tree({path!r}).") as (fd, st):
             if sync:
                 os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             advised += st.st_size
-        finally:
-            os.close(fd)
     return advised
+
+
+@contextlib.contextmanager
+def _opened(path: str | os.PathLike[str], missing: str, refused: Callable[[int], bool],
+            refusal: str) -> Iterator[tuple[int, os.stat_result]]:
+    """``path`` opened read-only, as ``(fd, fstat)``, closed after: a ``FileNotFoundError`` of ``missing`` when it does not exist,
+    an ``IsADirectoryError`` of ``refusal`` when ``refused(st_mode)`` (both formatted with ``path``)."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise FileNotFoundError(missing.format(path=path)) from None
+    try:
+        st = os.fstat(fd)
+        if refused(st.st_mode):
+            raise IsADirectoryError(refusal.format(path=path))
+        yield fd, st
+    finally:
+        os.close(fd)
 
 
 def evict_tree(root: str | os.PathLike[str], *, sync: bool = False) -> int:
@@ -142,14 +154,8 @@ def resident_pages(path: str | os.PathLike[str]) -> np.ndarray:
         OSError: ``mmap`` or ``mincore`` failed.
     """
     path = os.fspath(path)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"Cannot measure the page-cache residency of {path!r}: no such file.") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise IsADirectoryError(f"{path!r} is not a regular file; resident_fraction measures one file.")
+    with _opened(path, "Cannot measure the page-cache residency of {path!r}: no such file.", lambda mode: not stat.S_ISREG(mode),
+                 "{path!r} is not a regular file; resident_fraction measures one file.") as (fd, st):
         if st.st_uid != os.geteuid() and os.geteuid() != 0 and not os.access(path, os.W_OK):
             raise PermissionError(
                 f"Cannot measure the page-cache residency of {path!r}: mincore only reports it for files you own or may "
@@ -171,5 +177,3 @@ def resident_pages(path: str | os.PathLike[str]) -> np.ndarray:
             return (np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool)
         finally:
             _libc.munmap(addr, size)
-    finally:
-        os.close(fd)

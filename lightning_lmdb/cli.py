@@ -23,7 +23,7 @@ import lmdb
 from lightning_lmdb import __version__, decoders
 from lightning_lmdb.errors import LightningLMDBError, OptionError
 from lightning_lmdb.options import BuildOptions, choices
-from lightning_lmdb.sources import ManifestOptions, describe_kind, describe_kinds
+from lightning_lmdb.sources import SourceOptions, describe_kind, describe_kinds
 from lightning_lmdb.targets import kind_names
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
     )
 
 
-#: The manifest flags of ``build`` and ``verify``: ``(flag, ManifestOptions field, metavar, help)``.
+#: The manifest flags of ``build`` and ``verify``: ``(flag, SourceOptions field, metavar, help)``.
 _MANIFEST_FLAGS = (
     ("--root", "root", "DIR", "the folder a manifest's relative image paths are relative to (default: the manifest's own folder)"),
     ("--path-column", "path_column", "COLUMN", "a manifest's image column (default: path, else file_name)"),
@@ -109,12 +109,12 @@ def _add_manifest_flags(parser: argparse.ArgumentParser) -> None:
                            type=int if field in _INT_FLAGS else None)
 
 
-def manifest_options(args: argparse.Namespace) -> ManifestOptions:
-    """The :class:`ManifestOptions` of a parsed ``build`` or ``verify`` command line (the flags left out are ``None``)."""
+def manifest_options(args: argparse.Namespace) -> SourceOptions:
+    """The :class:`SourceOptions` of a parsed ``build`` or ``verify`` command line (the flags left out are ``None``)."""
     given = {field: getattr(args, f"manifest_{field}", None) for _, field, _, _ in _MANIFEST_FLAGS}
     if given["classes"] is not None:
         given["classes"] = [name.strip() for name in given["classes"].split(",")]
-    return ManifestOptions.of({field: value for field, value in given.items() if value is not None})
+    return SourceOptions.of({field: value for field, value in given.items() if value is not None})
 
 
 def _shard_options(args: argparse.Namespace) -> dict[str, int | None]:

@@ -13,14 +13,16 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_lmdb import backends, envs, transforms
-from lightning_lmdb.dataset import LMDBImageDataset, _ImageDataset, available_memory
+from lightning_lmdb.dataset import ImageDatasetBase, LMDBImageDataset, available_memory
 from lightning_lmdb.decoders import Decoder
+from lightning_lmdb.deprecated import deprecated_names, warn_renamed
 from lightning_lmdb.dm_loaders import DeviceBatchesMixin, LoadersMixin
 from lightning_lmdb.dm_options import (
     SPLITS,  # noqa: F401 (re-exported: it was defined here)
-    Backend,
+    BackendName,
     DecodeDevice,
     StartMethod,
+    as_source_options,
     build_options,
     check_choices,
     check_data,
@@ -29,18 +31,17 @@ from lightning_lmdb.dm_options import (
     decode_size_for,
     default_transforms,
     given_databases,
-    manifest_options,
     plain_source,
     silence_the_both_hooks_warning,
-    source_dirs,
     source_splits,
+    split_sources,
 )
-from lightning_lmdb.dm_plan import DataPlan, database_name, given_folder  # noqa: F401 (the last two re-exported: defined here before)
+from lightning_lmdb.dm_plan import DataPlan, database_name, given_source  # noqa: F401 (database_name re-exported: defined here before)
 from lightning_lmdb.dm_targets import TargetsMixin
 from lightning_lmdb.errors import CacheDirError, OptionError  # noqa: F401 (CacheDirError: the backends raise it)
 from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
 from lightning_lmdb.sampler import ResumableDataLoader, Shuffle
-from lightning_lmdb.sources import ManifestOptions
+from lightning_lmdb.sources import SourceOptions
 from lightning_lmdb.writer import available_cores
 
 #: The validation share held out of ``train_dir`` when ``val_fraction`` is ``None`` and no ``val_dir`` is given.
@@ -78,7 +79,7 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
             metadata.csv/.jsonl), a database (a file or sharded folder built by ``lightning-lmdb build``: served as it is,
             never rebuilt, nothing written to ``cache_dir`` for it; the raw backend reads the files it was built from), or
             a map-style Dataset (:mod:`lightning_lmdb.datasource`; kept as it is, its database named by its identity: class,
-            length, a ``Subset``'s indices, a few samples' bytes and ``manifest={"version": ...}``: change the version when
+            length, a ``Subset``'s indices, a few samples' bytes and ``source_options={"version": ...}``: change the version when
             its data changes; the raw backend serves the Dataset
             itself, through the same decoding). Before ``setup``, a Dataset's ``classes`` / ``target_kind`` cost one sample
             read, or (classes found only in its samples) every sample read once, kept for ``setup``
@@ -129,9 +130,12 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         on_error: Builder policy for bad files: ``"raise"`` or ``"skip"``.
         on_stale: When a folder changed since its database was built: ``"rebuild"``, ``"error"`` or
             ``"ignore"`` (no scan at all: the fastest start on network storage). A given database is served as it is.
-        manifest: How to read a manifest (:class:`~lightning_lmdb.sources.ManifestOptions`, or a mapping of its fields, e.g.
-            ``{"label_column": "tags", "label_sep": "|"}``, or ``{"masks_dir": ...}``: segmentation, batches ``(images, masks)``, see
-            :attr:`ignore_index`); saved in the hyper-parameters as the dict of the fields set.
+        source_options: How to read the sources (:class:`~lightning_lmdb.sources.SourceOptions`, or a mapping of its fields,
+            e.g. ``{"label_column": "tags", "label_sep": "|"}`` for a manifest, or ``{"masks_dir": ...}`` for a folder:
+            segmentation, batches ``(images, masks)``, see :attr:`ignore_index`); saved in the hyper-parameters as the dict of the
+            fields set (Hydra: ``data.source_options``).
+        manifest: The deprecated name of ``source_options`` (it warns when it sets an option; an old checkpoint's
+            hyper-parameters still load through it). Removed in the next release.
         max_pixels: Builder's decompression-bomb limit.
         readahead: LMDB readahead; ``None`` chooses by file size against available memory.
         image_size: Side of the default transforms' output (and of ``decode_size="auto"``).
@@ -186,7 +190,7 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         val_fraction: float | None = None,
         test_fraction: float = 0.0,
         split_seed: int = 0,
-        backend: Backend = "lmdb",
+        backend: BackendName = "lmdb",
         cache_dir: str | os.PathLike[str] | None = None,
         storage: Storage = BuildOptions.storage,
         shards: int | None = BuildOptions.shards,
@@ -201,7 +205,8 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         build_workers: int | None = BuildOptions.workers,
         on_error: OnError = BuildOptions.on_error,
         on_stale: OnStale = BuildOptions.on_stale,
-        manifest: ManifestOptions | Mapping[str, Any] | None = None,
+        source_options: SourceOptions | Mapping[str, Any] | None = None,
+        manifest: SourceOptions | Mapping[str, Any] | None = None,
         max_pixels: int | None = BuildOptions.max_pixels,
         readahead: bool | None = None,
         image_size: int = 224,
@@ -223,16 +228,17 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
                       shuffle=shuffle, decode_size=decode_size, finish_on_device=finish_on_device)
         check_data((train_dir, val_dir, test_dir), val_fraction, test_fraction)
         check_loader(batch_size, image_size, prefetch_factor, num_workers)
-        manifest_given = manifest_options(manifest)
-        manifest = manifest_given.as_dict() or None  # plain values, like every hyper-parameter
+        options_given = as_source_options(source_options, manifest)  # manifest: the deprecated name (an old checkpoint's)
+        source_options, manifest = options_given.as_dict() or None, None  # plain values, like every hyper-parameter
         data = (train_dir, val_dir, test_dir)
-        dirs = source_dirs(data, shards, manifest_given)  # a Dataset is kept as it is, never os.fspath'd
+        given_sources = split_sources(data, shards, options_given)  # a Dataset is kept as it is, never os.fspath'd
         # hyper-parameters are plain values: a Path (or a Dataset) would not load with torch.load(weights_only=True)
-        train_dir, val_dir, test_dir = (plain_source(d, manifest_given) for d in data)
+        train_dir, val_dir, test_dir = (plain_source(d, options_given) for d in data)
         cache_dir, local_cache_dir = (None if d is None else os.fspath(d) for d in (cache_dir, local_cache_dir))
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.save_hyperparameters(ignore=["train_transform", "eval_transform"], logger=False)  # checkpoints only, as the model's are logged
-        self.dirs: dict[str, Path | Any] = dirs  # each split's folder, manifest or database (resolved), or Dataset, or None
+        #: Each split's source: a folder, manifest or database (resolved), or a Dataset, or ``None`` (formerly ``dirs``).
+        self.sources: dict[str, Path | Any] = given_sources
         if val_fraction is None:
             val_fraction = DEFAULT_VAL_FRACTION if val_dir is None and train_dir is not None else 0.0
         self.val_fraction: float = float(val_fraction)
@@ -240,23 +246,23 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         self.split_seed, self.backend = split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.build_options = build_options(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
-                                           max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=manifest_given)
+                                           max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=options_given)
         self.decoder, self.decode_size, self.decode_device = decoder, decode_size, decode_device
         self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
         self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
         #: The splits given a database (served as it is) rather than a source.
-        self.given_databases = given_databases(self.dirs, on_stale, self.local_cache_dir)
+        self.given_databases = given_databases(self.sources, on_stale, self.local_cache_dir)
         self.readahead = readahead
         self.shared_filesystem = shared_filesystem  # prepare_data_per_node stays True: each node builds its part
         #: What the backend serves, decided here once: it is given this plan, never the module.
-        self.plan = DataPlan(dirs=self.dirs, given_as=dict(zip(self.dirs, (train_dir, val_dir, test_dir))),
+        self.plan = DataPlan(sources=self.sources, given_as=dict(zip(self.sources, (train_dir, val_dir, test_dir))),
                              given_databases=self.given_databases, build_options=self.build_options, cache_dir=self.cache_dir,
                              local_cache_dir=self.local_cache_dir, backend=backend, readahead=readahead,
                              shared_filesystem=shared_filesystem)
         hooks = backends.Hooks(source_path=self.source_path, served_database_path=self.served_database_path, timed=self._timed,
                                after_reading_all=self._after_reading_all, node=self._node)
         self._backend: backends.ServingBackend = backends.BACKEND_CLASSES[backend](self.plan, hooks)
-        check_folders(self.dirs, on_stale == "ignore" and backend == "lmdb", self.database_path, self.build_options.manifest,
+        check_folders(self.sources, on_stale == "ignore" and backend == "lmdb", self.database_path, self.build_options.manifest,
                       self.given_databases)
         self.image_size = image_size
         self.train_transform, self.eval_transform = default_transforms(train_transform, eval_transform, image_size, finish_on_device,
@@ -266,11 +272,17 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.prefetch_factor, self.persistent_workers = prefetch_factor, persistent_workers
         self.multiprocessing_context = multiprocessing_context
-        self.datasets: dict[str, _ImageDataset] = {}
+        self.datasets: dict[str, ImageDatasetBase] = {}
         #: The training order chosen at ``setup("fit")`` (``shuffle``, or what ``None`` picked); ``None`` before.
         self.train_shuffle: Shuffle | None = None
         self._train_loader: ResumableDataLoader | None = None
         self._pending_train_state: dict[str, Any] | None = None
+
+    @property
+    def dirs(self) -> dict[str, Path | Any]:
+        """Deprecated: :attr:`sources` (each split's source; not only folders). Removed in the next release."""
+        warn_renamed(f"{type(self).__name__}.dirs", f"{type(self).__name__}.sources")
+        return self.sources
 
     # --- paths -----------------------------------------------------------------------------------
 
@@ -332,7 +344,7 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         silence_the_both_hooks_warning()
         self._backend.check_splits()  # a class the training split lacks is refused before anything is served
         self._backend.after_barrier()
-        for split in (s for s, folder in self.dirs.items() if folder is not None):  # mount first: not part of setup_s
+        for split in (s for s, folder in self.sources.items() if folder is not None):  # mount first: not part of setup_s
             self._backend.served_path(split)
         with self._timed("setup_s"):
             self._create_datasets(stage)
@@ -341,16 +353,16 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
     def _create_datasets(self, stage: str | None) -> None:
         fit = stage in (None, "fit")
         # predict serves the test folder, or the validation data when there is none
-        evaluate = stage in (None, "fit", "validate") or (stage == "predict" and self.dirs["test"] is None)
+        evaluate = stage in (None, "fit", "validate") or (stage == "predict" and self.sources["test"] is None)
         test = stage in (None, "test", "predict")
-        if self.dirs["train"] is not None and (fit or (evaluate and self.val_fraction) or (test and self.dirs["test"] is None)):
+        if self.sources["train"] is not None and (fit or (evaluate and self.val_fraction) or (test and self.sources["test"] is None)):
             transforms = {"train": self.train_transform, "val": self.eval_transform, "test": self.eval_transform}
             full = self._backend.open("train")
             parts = source_splits(full)
             if parts is not None:  # the source's split column decides; val_fraction does not apply
                 train = full.view(parts["train"], self.train_transform)
                 for split, wanted in (("val", evaluate), ("test", test)):
-                    if wanted and self.dirs[split] is None and len(parts[split]):
+                    if wanted and self.sources[split] is None and len(parts[split]):
                         self.datasets[split] = full.view(parts[split], self.eval_transform)
             elif self.val_fraction or self.test_fraction:  # seeded parts: pickled as (seed, fractions, part), recomputed in each worker
                 carved = full.parts(self.split_seed, self.val_fraction, self.test_fraction, transforms)
@@ -367,15 +379,15 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
                         train.readahead = False
                     train.read_blocks(True)
                 self.datasets["train"] = train
-        if evaluate and self.dirs["val"] is not None:
+        if evaluate and self.sources["val"] is not None:
             self.datasets["val"] = self._backend.open("val").view(None, self.eval_transform)
-        if stage in (None, "test", "predict") and self.dirs["test"] is not None:
+        if stage in (None, "test", "predict") and self.sources["test"] is not None:
             self.datasets["test"] = self._backend.open("test").view(None, self.eval_transform)
         for dataset in self.datasets.values():
             dataset.set_decoding(self.decoder, decode_size_for(self.decode_size, dataset.transform, self.image_size),
                                  defer_jpeg=self.decode_device is not None)
 
-    def _choose_shuffle(self, full: _ImageDataset) -> Shuffle:
+    def _choose_shuffle(self, full: ImageDatasetBase) -> Shuffle:
         """``shuffle``, or (``None``) :func:`choose_shuffle` of the training data's size -- rank 0's, under DDP."""
         if self.shuffle is not None:
             return self.shuffle
@@ -388,3 +400,7 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
     def cached_files(self) -> list[str]:
         """The files a cold-cache epoch evicts: the databases, or every raw image file."""
         return self._backend.cached_files(self.datasets)
+
+
+#: Names kept for one release: old name -> (the object, its new name).
+__getattr__ = deprecated_names(__name__, {"given_folder": (given_source, "given_source")})

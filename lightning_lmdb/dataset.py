@@ -9,7 +9,7 @@ exact pixels, a PIL image) or a tensor decoder (``"torchcodec"``, ``"opencv"``, 
 ``3 x H x W`` tensor, no PIL object); ``decode_size=`` allows reduced-size JPEG decoding.
 
 A segmentation set (target kind ``"mask"``, :mod:`lightning_lmdb.masks`) serves ``ds[i] -> (image, mask)``: the mask an
-``int64`` ``H x W`` tensor of the stored class ids (``ignore_index``, :attr:`_ImageDataset.ignore_index`, kept as it is),
+``int64`` ``H x W`` tensor of the stored class ids (``ignore_index``, :attr:`ImageDatasetBase.ignore_index`, kept as it is),
 transformed **with** the image (:func:`lightning_lmdb.transforms.transform_pair`): the default transforms crop, resize
 and flip both (the mask nearest-neighbour); a transform of yours takes and returns ``(image, mask)`` -- a
 ``transforms.v2`` pipeline is called as ``transform(image, tv_tensors.Mask(mask))``. ``target_transform`` then applies
@@ -83,6 +83,7 @@ from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred
 from lightning_lmdb.codec import ImageDecodeError, RecordError
 from lightning_lmdb.decoding import DecodingChoice, check_decoding
+from lightning_lmdb.deprecated import deprecated_names
 from lightning_lmdb.loadstats import LoaderStats, touch_pages
 from lightning_lmdb.targets import TargetKind, TargetTable, target_kind
 from lightning_lmdb.transforms import image_size, joint_crop, mask_tensor, transform_pair
@@ -114,8 +115,8 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def kind_of(meta: fmt.Metadata) -> tuple[str, list[str], list[str]]:
-    """A database's target kind, target names and split names, as :class:`_ImageDataset` takes them."""
+def stored_targets(meta: fmt.Metadata) -> tuple[str, list[str], list[str]]:
+    """A database's target kind, target names and split names, as :class:`ImageDatasetBase` takes them."""
     return meta.target_kind, list(meta.target_names), list(meta.split_names)
 
 
@@ -139,8 +140,10 @@ def auto_readahead(path: str | os.PathLike[str]) -> bool:
     return database.database_bytes(path) < available_memory()
 
 
-class _ImageDataset(RowView, DecodingChoice, Dataset):
-    """What both backends share: the view (:class:`~lightning_lmdb.views.RowView`), transforms, decoding and ``__getitem__``.
+class ImageDatasetBase(RowView, DecodingChoice, Dataset):
+    """What both backends share: the view (:class:`~lightning_lmdb.views.RowView`), transforms, decoding and ``__getitem__``
+    (the base of :class:`LMDBImageDataset`, :class:`~lightning_lmdb.rawdataset.RawImageDataset` and ``SourceDataset``; formerly
+    ``_ImageDataset``).
 
     Loader statistics are off until :meth:`enable_loader_stats`; a view of a dataset with them on gets
     a :class:`LoaderStats` of its own.
@@ -186,7 +189,7 @@ class _ImageDataset(RowView, DecodingChoice, Dataset):
         self.transform, self.target_transform = transform, target_transform
         super().__init__(count, indices)
 
-    def _with_step(self, step: Split | np.ndarray | None, transform: Callable[[Any], Any] | None) -> _ImageDataset:
+    def _with_step(self, step: Split | np.ndarray | None, transform: Callable[[Any], Any] | None) -> ImageDatasetBase:
         clone = super()._with_step(step, transform)
         clone._stats = None if self._stats is None else LoaderStats()
         return clone
@@ -299,7 +302,7 @@ class _ImageDataset(RowView, DecodingChoice, Dataset):
         raise NotImplementedError
 
 
-class LMDBImageDataset(_ImageDataset):
+class LMDBImageDataset(ImageDatasetBase):
     """An ``ImageFolder`` served from a database built by :func:`lightning_lmdb.build_lmdb`.
 
     Args:
@@ -334,7 +337,7 @@ class LMDBImageDataset(_ImageDataset):
         self.readahead = auto_readahead(self.path) if readahead is None else readahead
         meta = self._set_parts()
         super().__init__(meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder, decode_size,
-                         kind_of(meta), ignore_index_of(meta))
+                         stored_targets(meta), ignore_index_of(meta))
 
     def _set_parts(self) -> fmt.Metadata:
         """Read the metadata, the database's files (one, or a sharded folder's shards) and the build id; keep the targets."""
@@ -553,6 +556,12 @@ class LMDBImageDataset(_ImageDataset):
                 "copy overwrote it. Create the dataset (or call setup()) again so that classes, targets and records "
                 "belong to the same database."
             )
+
+
+#: Names kept for one release: old name -> (the object, its new name). ``kind_of`` is also :func:`lightning_lmdb.sources.kind_of`
+#: (a source's kind), hence the new name for this one.
+__getattr__ = deprecated_names(__name__, {"_ImageDataset": (ImageDatasetBase, "ImageDatasetBase"),
+                                          "kind_of": (stored_targets, "stored_targets")})
 
 
 # Re-exported: callers find it here (it moved to keep this module to the database's dataset).

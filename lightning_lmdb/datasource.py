@@ -62,7 +62,7 @@ from PIL import Image
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import ImageDecodeError, encode_record
 from lightning_lmdb.errors import LightningLMDBError, NotRegularFileError, OptionError, SourceError
-from lightning_lmdb.sources import NO_TARGET, Labels, ManifestOptions, SourceFile, SourceScan, Target, read_file
+from lightning_lmdb.sources import NO_TARGET, Labels, SourceFile, SourceOptions, SourceScan, Target, read_file
 from lightning_lmdb.targets import target_kind
 
 __all__ = ["DESCRIPTION", "DatasetScan", "NAME", "PATHS", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of",
@@ -113,14 +113,14 @@ def accepts(source: object) -> bool:
     return hasattr(type(source), "__len__") and hasattr(type(source), "__getitem__")
 
 
-def scan(source: Any, options: ManifestOptions | None = None) -> DatasetScan:
+def scan(source: Any, options: SourceOptions | None = None) -> DatasetScan:
     """The source-kind entry (:mod:`lightning_lmdb.sources`): one file per index, nothing read yet.
 
     Raises:
         SourceError: The dataset has no length or no samples, or is an ``IterableDataset``.
         OptionError: A manifest-only option, or ``classes`` with ``target_kind`` ``"regression"`` / ``"none"``.
     """
-    options = options or ManifestOptions()
+    options = options or SourceOptions()
     count = _length(source)
     if count == 0:
         raise SourceError(f"The dataset {_name(source)} is empty (len() is 0): nothing to build.")
@@ -147,8 +147,8 @@ def identity(source: Any, version: Any = None) -> str:
         _UNVERSIONED_WARNED.add(name)
         warnings.warn(f"The dataset {name} has no version: its database is rebuilt when its length, its indices or one of the "
                       f"{IDENTITY_SAMPLES} samples hashed for its identity change, not on another edit of the same length. Pass "
-                      "version= (LMDBDataModule: manifest={'version': 1}, Hydra: data.manifest.version=1) and change it when its "
-                      "data changes.", stacklevel=2)
+                      "version= (LMDBDataModule: source_options={'version': 1}, Hydra: data.source_options.version=1) and change it "
+                      "when its data changes.", stacklevel=2)
     return json.dumps({"structure": _structure(source), "samples": _samples_digest(source), "version": version}, sort_keys=True,
                       ensure_ascii=False, default=str)
 
@@ -217,24 +217,24 @@ def _sample_digest(source: Any, index: int) -> bytes:
     return digest.digest()
 
 
-def has_samples(source: Any, options: ManifestOptions | None = None) -> bool:
+def has_samples(source: Any, options: SourceOptions | None = None) -> bool:
     """Whether the dataset has at least one sample (its length)."""
     return _length(source) > 0
 
 
-def classes(source: Any, options: ManifestOptions | None = None) -> tuple[list[str], dict[str, int]]:
+def classes(source: Any, options: SourceOptions | None = None) -> tuple[list[str], dict[str, int]]:
     """The classes known without reading a sample: ``classes=``, the dataset's ``classes``, a Hugging Face label's names
     (none when they are found only in the samples: see :func:`labels`)."""
-    given = _given_classes(source, options or ManifestOptions()) or []
+    given = _given_classes(source, options or SourceOptions()) or []
     return list(given), {c: k for k, c in enumerate(given)}
 
 
-def labels(source: Any, options: ManifestOptions | None = None) -> Labels:
+def labels(source: Any, options: SourceOptions | None = None) -> Labels:
     """The classes and target kind a database built from ``source`` has, as cheaply as they can be known (one sample read, or
     every sample when the classes are found only in them): :func:`lightning_lmdb.rawdataset.source_labels`."""
     from lightning_lmdb.rawdataset import source_labels  # here: it imports torch, which a build from a dataset does not need
 
-    return source_labels(source, options or ManifestOptions())
+    return source_labels(source, options or SourceOptions())
 
 
 def dataset_of(scan: SourceScan) -> Any | None:
@@ -257,7 +257,7 @@ def _length(source: Any) -> int:
         raise SourceError(f"The dataset {_name(source)} has no length ({exc}); a map-style dataset defines __len__.") from None
 
 
-def _given_classes(source: Any, options: ManifestOptions) -> list[str] | None:
+def _given_classes(source: Any, options: SourceOptions) -> list[str] | None:
     """``classes=``, else the dataset's own class names (``classes`` attribute, Hugging Face label names), else ``None``."""
     unused = [f"{name}={getattr(options, name)!r}" for name in _OPTIONS_FOR_MANIFESTS if getattr(options, name) is not None]
     if unused:

@@ -22,7 +22,7 @@ class LoadersMixin:
 
     # set by LMDBDataModule.__init__ / setup
     datasets: dict[str, Any]
-    dirs: dict[str, Any]
+    sources: dict[str, Any]
     val_fraction: float
     test_fraction: float
     trainer: Any
@@ -55,7 +55,7 @@ class LoadersMixin:
 
     def _no_data(self, split: str) -> str:
         """Why ``split`` has no dataset: not set up yet (its data is given), or no data given for it (the options that give it)."""
-        given = self.dirs[split] is not None or (split == "val" and self.val_fraction) or (split == "test" and self.test_fraction)
+        given = self.sources[split] is not None or (split == "val" and self.val_fraction) or (split == "test" and self.test_fraction)
         stage = {"train": "fit", "val": "validate", "test": "test"}[split]
         if given:
             return f"No {split} data yet: call setup({stage!r}) first (Lightning's Trainer calls it)."
@@ -105,7 +105,7 @@ class LoadersMixin:
 
         With ``val_fraction=0`` and no ``val_dir`` every image of ``train_dir`` is trained on and nothing is validated.
         """
-        if self.dirs["val"] is None and not self.val_fraction and "val" not in self.datasets:
+        if self.sources["val"] is None and not self.val_fraction and "val" not in self.datasets:
             warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")  # Lightning's "is [] intended?"
             return []
         return self._loader("val", train=False)

@@ -22,20 +22,22 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from lightning_lmdb import database, datasource, sources, transforms
 from lightning_lmdb.decoders import check_decoder
+from lightning_lmdb.deprecated import deprecated_names, warn_renamed
 from lightning_lmdb.errors import DatabaseError, OptionError, SourceError
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.sampler import check_shuffle
-from lightning_lmdb.sources import ManifestOptions
+from lightning_lmdb.sources import SourceOptions
 
 #: The DataModule's splits, in the order of its ``train_dir``, ``val_dir`` and ``test_dir`` arguments.
 SPLITS = ("train", "val", "test")
-Backend = Literal["lmdb", "raw"]
+#: Which backend serves the data (a name; the backend classes are :class:`lightning_lmdb.backends.ServingBackend`'s).
+BackendName = Literal["lmdb", "raw"]
 #: A DataLoader worker start method (``None`` in ``LMDBDataModule`` means the platform default).
 StartMethod = Literal["fork", "spawn", "forkserver"]
 #: Where the batched JPEG decode runs (``None``: every sample is decoded in the workers).
 DecodeDevice = Literal["cuda", "cpu"]
 
-BACKENDS: tuple[str, ...] = get_args(Backend)
+BACKENDS: tuple[str, ...] = get_args(BackendName)
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
 DECODE_DEVICES: tuple[str, ...] = get_args(DecodeDevice)
 #: The batch hooks ``LMDBDataModule`` chains to a LightningModule's own (Lightning would call only one of the two).
@@ -181,26 +183,40 @@ def given_databases(dirs: dict[str, Path | None], on_stale: str, local_cache_dir
     return frozenset(found)
 
 
-def manifest_options(value: Any) -> ManifestOptions:
-    """``LMDBDataModule``'s ``manifest`` argument as :class:`ManifestOptions` (see :meth:`ManifestOptions.of`).
+def as_source_options(source_options: Any, manifest: Any = None) -> SourceOptions:
+    """``LMDBDataModule``'s ``source_options`` argument as :class:`SourceOptions` (see :meth:`SourceOptions.of`), or its old name
+    ``manifest``: deprecated (it warns when it sets an option; ``None`` or a mapping of ``None`` fields, Hydra's default node, is
+    nothing given).
 
     Raises:
-        OptionError: A key that is not an option, or a bad value, naming it and the Hydra key.
+        OptionError: A key that is not an option, or a bad value, naming it and the Hydra key; or both names setting options.
     """
-    if value is not None and not isinstance(value, (ManifestOptions, Mapping)):
-        raise OptionError(f"manifest={value!r} must be a mapping of manifest options, e.g. {{'label_column': 'tags'}}, or None "
-                          "(Hydra: data.manifest.label_column=tags).")
+    given = _source_options(source_options, "source_options")
+    old = _source_options(manifest, "manifest")
+    if old.is_default():
+        return given
+    warn_renamed("LMDBDataModule(manifest=...)", "source_options=... (Hydra: data.source_options)", stacklevel=4)
+    if not given.is_default() and given != old:
+        raise OptionError(f"source_options={given.as_dict()!r} and its deprecated name manifest={old.as_dict()!r} are both given: "
+                          "pass source_options alone (Hydra: data.source_options.<option>=..., and data.manifest unset).")
+    return old
+
+
+def _source_options(value: Any, name: str) -> SourceOptions:
+    if value is not None and not isinstance(value, (SourceOptions, Mapping)):
+        raise OptionError(f"{name}={value!r} must be a mapping of source options, e.g. {{'label_column': 'tags'}}, or None "
+                          f"(Hydra: data.{name}.label_column=tags).")
     try:
-        return ManifestOptions.of(value)
+        return SourceOptions.of(value)
     except OptionError as exc:
-        raise OptionError(f"{exc} (Hydra: data.manifest.<option>=...)") from exc
+        raise OptionError(f"{exc} (Hydra: data.{name}.<option>=...)") from exc
 
 
 def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, database_path: Callable[[str], Path],
-                  manifest: ManifestOptions, databases: Collection[str] = ()) -> None:
+                  manifest: SourceOptions, databases: Collection[str] = ()) -> None:
     """Refuse a given source that does not exist or holds no images (with ``serve_without_folder``: unless its database exists).
 
-    The splits in ``databases`` are given databases, not sources, and a Dataset was checked by :func:`source_dirs`: they are
+    The splits in ``databases`` are given databases, not sources, and a Dataset was checked by :func:`split_sources`: they are
     left alone.
     """
     for split, folder in dirs.items():
@@ -227,7 +243,7 @@ def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, data
 _DESCRIBED = re.compile(r"<Dataset \S+ of \d+ samples(, version .+)?>")
 
 
-def plain_source(value: Any, manifest: ManifestOptions) -> str | None:
+def plain_source(value: Any, manifest: SourceOptions) -> str | None:
     """A split's data (as given) as a plain hyper-parameter: a path as a string; a Dataset (never saved) as a description,
     ``"<Dataset MyDS of 120 samples, version 2>"`` (its class, length and ``manifest.version``)."""
     if value is None or not datasource.accepts(value):
@@ -236,7 +252,7 @@ def plain_source(value: Any, manifest: ManifestOptions) -> str | None:
     return f"<Dataset {type(value).__qualname__} of {len(value)} samples{version}>"
 
 
-def source_dirs(given: Sequence[Any], shards: int | None, manifest: ManifestOptions) -> dict[str, Any]:
+def split_sources(given: Sequence[Any], shards: int | None, manifest: SourceOptions) -> dict[str, Any]:
     """Each split's data as ``LMDBDataModule`` keeps it: a path expanded and resolved, a map-style Dataset as it is (never
     ``os.fspath``'d), or ``None``.
 
@@ -264,7 +280,7 @@ def source_dirs(given: Sequence[Any], shards: int | None, manifest: ManifestOpti
         try:
             datasource.classes(value, manifest)  # refuses a manifest-only option
         except OptionError as exc:
-            raise OptionError(f"{key}: {exc} (Hydra: data.manifest.<option>=null)") from exc
+            raise OptionError(f"{key}: {exc} (Hydra: data.source_options.<option>=null)") from exc
         if not datasource.has_samples(value, manifest):
             raise SourceError(f"{key} is an empty Dataset ({name}, len() is 0): nothing to serve. Pass a dataset with samples.")
         dirs[split] = value
@@ -350,3 +366,6 @@ def build_options(**values: Any) -> BuildOptions:
             text = argument + text[len(name):]
         raise OptionError(f"{text} ({hydra_key(argument)})") from None
 
+
+#: Names kept for one release: old name -> (the object, its new name).
+__getattr__ = deprecated_names(__name__, {"Backend": (BackendName, "BackendName")})

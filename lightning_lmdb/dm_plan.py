@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_lmdb import database, datasource
+from lightning_lmdb.deprecated import deprecated_names
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.options import BuildOptions
 
@@ -42,12 +43,12 @@ def recorded_root(given: Path) -> Path:
     return Path(database.load_meta(given).source.root)
 
 
-def given_folder(dirs: Mapping[str, Path | Any], split: str) -> Path | Any:
+def given_source(sources: Mapping[str, Path | Any], split: str) -> Path | Any:
     """The data given for ``split`` (a folder, a manifest, a database, or a Dataset); an :class:`OptionError` when none was."""
-    folder = dirs[split]
-    if folder is None:
+    source = sources[split]
+    if source is None:
         raise OptionError(f"No {split}_dir was given.")
-    return folder
+    return source
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,7 +56,7 @@ class DataPlan:
     """The data a DataModule serves and how, made once from its arguments (checked and resolved).
 
     Attributes:
-        dirs: Each split's source: a folder, manifest or database (resolved), or a Dataset, or ``None``.
+        sources: Each split's source: a folder, manifest or database (resolved), or a Dataset, or ``None``.
         given_as: Each split's source as the user gave it (the hyper-parameter: a string, a Dataset's description, ``None``),
             for messages.
         given_databases: The splits given a database (served as it is, never built) rather than a source.
@@ -68,7 +69,7 @@ class DataPlan:
         shared_filesystem: The nodes of a multi-node job share ``cache_dir`` (each builds its part).
     """
 
-    dirs: Mapping[str, Path | Any]
+    sources: Mapping[str, Path | Any]
     given_as: Mapping[str, str | None]
     given_databases: frozenset[str]
     build_options: BuildOptions
@@ -80,11 +81,11 @@ class DataPlan:
 
     def splits(self) -> list[str]:
         """The splits given a source or a database, in the order train, val, test."""
-        return [split for split, given in self.dirs.items() if given is not None]
+        return [split for split, given in self.sources.items() if given is not None]
 
     def given(self, split: str) -> Path | Any:
-        """The data given for ``split`` (:func:`given_folder`)."""
-        return given_folder(self.dirs, split)
+        """The data given for ``split`` (:func:`given_source`)."""
+        return given_source(self.sources, split)
 
     def database_path(self, split: str, options: BuildOptions) -> Path:
         """Where the database of ``split``'s source, built with ``options``, lives (:func:`database_name`); a given database
@@ -97,3 +98,7 @@ class DataPlan:
         """The source of ``split``: the folder, manifest or Dataset, or the folder a given database was built from."""
         given = self.given(split)
         return recorded_root(given) if split in self.given_databases else given
+
+
+#: Names kept for one release: old name -> (the object, its new name).
+__getattr__ = deprecated_names(__name__, {"given_folder": (given_source, "given_source")})

@@ -29,7 +29,7 @@ class TargetsMixin:
     def num_classes(self) -> int:
         """Number of classes (0 for a flat folder, or a source without classes).
 
-        A segmentation source's (target kind ``"mask"``) are the mask classes: ``manifest={"num_classes": N}`` (or
+        A segmentation source's (target kind ``"mask"``) are the mask classes: ``source_options={"num_classes": N}`` (or
         ``classes``) when given, else the largest mask value below ``ignore_index`` plus one, which only reading every mask
         tells. Before ``setup`` that is the database's metadata: the LMDB backend builds the database for it if it is not
         built and current yet (``prepare_data``'s work, done once: ``prepare_data`` then finds it current); the raw backend
@@ -40,7 +40,7 @@ class TargetsMixin:
     @property
     def ignore_index(self) -> int | None:
         """The mask value of unlabelled pixels of a segmentation source (target kind ``"mask"``; kept in the masks as it is,
-        not a class): its database's, else ``manifest={"ignore_index": ...}``, else 255. ``None`` for the other kinds."""
+        not a class): its database's, else ``source_options={"ignore_index": ...}``, else 255. ``None`` for the other kinds."""
         for dataset in self.datasets.values():  # type: ignore[attr-defined]
             return dataset.ignore_index
         if not target_kind(self.target_kind).in_record:  # a mask source's alone
@@ -64,7 +64,7 @@ class TargetsMixin:
         up; ``None`` when it is not set up (``setup("test")`` alone: the training split is read instead, as before ``setup``)."""
         if "train" in self.datasets:
             return self.datasets["train"]
-        return next(iter(self.datasets.values()), None) if self.dirs["train"] is None else None
+        return next(iter(self.datasets.values()), None) if self.sources["train"] is None else None
 
     def _class_table(self: Any) -> tuple[list[str], dict[str, int]]:
         dataset = self._reported()
@@ -72,7 +72,7 @@ class TargetsMixin:
             return dataset.classes, dataset.class_to_idx
         labels = self._backend.split_labels()
         if target_kind(labels.target_kind).in_record and not labels.classes:  # known from the masks: by the build, or by reading them
-            labels = self._backend.mask_labels(next(s for s, d in self.dirs.items() if d is not None))
+            labels = self._backend.mask_labels(next(s for s, d in self.sources.items() if d is not None))
         return labels.classes, labels.class_to_idx
 
     def _target_table(self: Any) -> tuple[str, list[str]]:

@@ -12,13 +12,13 @@ The one difference from ImageFolder's file set: only regular files (and symbolic
 images. A FIFO, socket or device named like an image would block or never end when read; it is listed
 apart (``SourceScan.special``) and never opened, and the builder refuses or skips it.
 
-**Images with masks** (segmentation): with ``ManifestOptions(masks_dir=...)`` the folder is a folder of images paired with
+**Images with masks** (segmentation): with ``SourceOptions(masks_dir=...)`` the folder is a folder of images paired with
 a folder of masks (:func:`scan_pairs`), not an ImageFolder: every image below it (any depth, named like an image), sorted by
 relative path, and for each the mask in ``masks_dir`` whose relative path without its extension is the image's
 (``images/a/1.jpg`` with ``masks/a/1.png``). The options ``ignore_index``, ``num_classes`` and ``classes`` apply then
 (:mod:`lightning_lmdb.masks`). Without ``masks_dir``, a folder holding ``images/`` and ``masks/`` is an ImageFolder of two classes.
 
-**Given classes**: ``ManifestOptions(classes=[...])`` maps an ImageFolder's class folders through that list instead of their
+**Given classes**: ``SourceOptions(classes=[...])`` maps an ImageFolder's class folders through that list instead of their
 sorted names (``LMDBDataModule`` maps its val and test folders through the training folder's classes this way): every class
 folder must be among them, and a class without a folder has no samples.
 """
@@ -36,16 +36,17 @@ from lightning_lmdb.errors import NotRegularFileError, OptionError, SourceError
 from lightning_lmdb.sources import (
     NO_TARGET,
     Labels,
-    ManifestOptions,
+    ManifestOptions,  # noqa: F401 (re-exported under its old name, as before; constructing it warns)
     PrefixFingerprint,
     SourceFile,
+    SourceOptions,
     SourceScan,
     describe_kind,
     not_regular_reason,
     read_file,
 )
 
-__all__ = ["DESCRIPTION", "NAME", "NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "ManifestOptions", "SourceScan",
+__all__ = ["DESCRIPTION", "NAME", "NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "SourceOptions", "SourceScan",
            "accepts", "classes", "has_samples", "labels", "read_file", "scan", "scan_folder", "scan_pairs"]
 
 #: The options a folder paired with its masks takes (``masks_dir`` and how the mask values are read).
@@ -64,7 +65,7 @@ def accepts(source: object) -> bool:
     return isinstance(source, Path) and source.is_dir()
 
 
-def _no_options(folder: Path, options: ManifestOptions | None) -> None:
+def _no_options(folder: Path, options: SourceOptions | None) -> None:
     """A folder's labels are its class folders (or, with ``masks_dir``, its masks): refuse other options instead of ignoring them."""
     if options is None or options.is_default():
         return
@@ -81,7 +82,7 @@ def _no_options(folder: Path, options: ManifestOptions | None) -> None:
                           + (" (set masks_dir= to pair the folder with a folder of segmentation masks)." if masked else "."))
 
 
-def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
+def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
     """The source-kind entry (:mod:`lightning_lmdb.sources`): :func:`scan_folder`, or :func:`scan_pairs` with ``masks_dir``."""
     _no_options(source, options)
     if options is not None and options.masks_dir is not None:
@@ -89,7 +90,7 @@ def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
     return scan_folder(source, None if options is None else options.classes)
 
 
-def labels(folder: Path, options: ManifestOptions | None = None) -> Labels:
+def labels(folder: Path, options: SourceOptions | None = None) -> Labels:
     """The classes and target kind: the class folders (``"class"``, or ``"none"`` for a flat folder), or with ``masks_dir``
     the mask classes known before a build (:func:`lightning_lmdb.masks.mask_labels`)."""
     found, class_to_idx = classes(folder, options)
@@ -98,7 +99,7 @@ def labels(folder: Path, options: ManifestOptions | None = None) -> Labels:
     return Labels(found, class_to_idx, "class" if found else "none")
 
 
-def has_samples(folder: Path, options: ManifestOptions | None = None) -> bool:
+def has_samples(folder: Path, options: SourceOptions | None = None) -> bool:
     """Whether ``folder`` holds at least one file named like an image, anywhere below it; stops at the first one found.
 
     Cheap on a large folder (one listing of the folder and of its first class folder); a folder that
@@ -107,7 +108,7 @@ def has_samples(folder: Path, options: ManifestOptions | None = None) -> bool:
     return any(has_file_allowed_extension(name, IMG_EXTENSIONS) for _, _, files in os.walk(folder, followlinks=True) for name in files)
 
 
-def classes(folder: Path, options: ManifestOptions | None = None) -> tuple[list[str], dict[str, int]]:
+def classes(folder: Path, options: SourceOptions | None = None) -> tuple[list[str], dict[str, int]]:
     """The class folders, as ``ImageFolder`` finds them (none for a flat folder); one listing, no scan. With ``masks_dir``: the
     mask classes known before a build."""
     _no_options(folder, options)
@@ -204,7 +205,7 @@ def scan_folder(source: str | os.PathLike[str], classes: tuple[str, ...] | list[
 
 
 
-def scan_pairs(source: str | os.PathLike[str], options: ManifestOptions) -> masks.MaskScan:
+def scan_pairs(source: str | os.PathLike[str], options: SourceOptions) -> masks.MaskScan:
     """Scan a folder of images paired with the folder of their masks, ``options.masks_dir`` (see the module docstring).
 
     Raises:

@@ -13,7 +13,7 @@ cells are ignored; spaces around a header name, a label or split cell, or a mult
 JSON Lines: one object per line, each line parsed alone, its keys the columns (a missing key is an empty cell). Blank lines
 are ignored; messages name the file's physical lines (a CSV header is line 1).
 
-**Columns** (options of :class:`~lightning_lmdb.sources.ManifestOptions`): the image column ``path_column`` (default
+**Columns** (options of :class:`~lightning_lmdb.sources.SourceOptions`): the image column ``path_column`` (default
 ``path``, else Hugging Face's ``file_name``); the target column(s) ``label_column`` (default ``label`` when present, else
 no target); the split column ``split_column`` (default ``split`` when present: each row's cell is its split name). A
 column named by an option but missing from the manifest is an error that lists the columns it has.
@@ -71,7 +71,7 @@ from typing import Any
 from lightning_lmdb import masks
 from lightning_lmdb.errors import OptionError, SourceError
 from lightning_lmdb.manifestfile import Table, read_table
-from lightning_lmdb.sources import NO_TARGET, Labels, ManifestOptions, SourceFile, SourceScan, not_regular_reason
+from lightning_lmdb.sources import NO_TARGET, Labels, SourceFile, SourceOptions, SourceScan, not_regular_reason
 from lightning_lmdb.targets import TargetKind, target_kind
 
 __all__ = ["DESCRIPTION", "MANIFEST_SUFFIXES", "METADATA_NAMES", "NAME", "accepts", "classes", "has_samples", "labels", "scan"]
@@ -86,7 +86,7 @@ METADATA_NAMES = ("metadata.csv", "metadata.jsonl")
 NAME = "manifest"
 DESCRIPTION = (f"a CSV / TSV / JSON Lines manifest ({', '.join(MANIFEST_SUFFIXES)}) or a folder holding "
                f"{' / '.join(METADATA_NAMES)}")
-_SET_KIND = ("Set target_kind= to 'class', 'multilabel' or 'regression' (CLI --target-kind, Hydra data.manifest.target_kind).")
+_SET_KIND = ("Set target_kind= to 'class', 'multilabel' or 'regression' (CLI --target-kind, Hydra data.source_options.target_kind).")
 _TAG_WORDS = {"name": "names", "int": "integers", "whole": "whole-number decimals like 1.0", "frac": "numbers with a fraction",
               "list": "lists", "fraclist": "lists of numbers with a fraction", "wholelist": "lists of whole-number decimals"}
 _MAX_INDEX_CLASSES = 1_000_000
@@ -103,14 +103,14 @@ def accepts(source: object) -> bool:
     return source.is_dir() and any((source / name).is_file() for name in METADATA_NAMES)
 
 
-def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
+def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
     """Scan a manifest: parse it, check every row, stat every image (see the module docstring).
 
     Raises:
         SourceError: The manifest as a whole cannot be read (the message names the file, and the line or the column).
         OptionError: Options that contradict each other or the manifest (e.g. ``label_sep`` with ``target_kind="class"``).
     """
-    options = options or ManifestOptions()
+    options = options or SourceOptions()
     table, root, path_col, label_cols, split_col, mask_col = _open(source, options, announce=True)
     targets = _targets(table, label_cols, options) if mask_col is None else _Targets("mask", [NO_TARGET] * len(table.rows))
     mask_cells = table.column(mask_col) if mask_col is not None else None
@@ -151,7 +151,7 @@ def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
                       special=special, target_kind=targets.kind, target_names=targets.names, identity=identity)
 
 
-def has_samples(source: Path, options: ManifestOptions | None = None) -> bool:
+def has_samples(source: Path, options: SourceOptions | None = None) -> bool:
     """Whether the manifest has at least one data row (reads up to its first one)."""
     manifest = _manifest_file(source)
     with open(manifest, encoding="utf-8-sig", errors="replace", newline="") as handle:
@@ -164,15 +164,15 @@ def has_samples(source: Path, options: ManifestOptions | None = None) -> bool:
             raise SourceError(f"{str(manifest)!r}: {exc}. Fix the file (is it a {manifest.suffix} file?).") from None
 
 
-def classes(source: Path, options: ManifestOptions | None = None) -> tuple[list[str], dict[str, int]]:
+def classes(source: Path, options: SourceOptions | None = None) -> tuple[list[str], dict[str, int]]:
     """The classes and ``class_to_idx`` of the manifest (it is parsed, its images are not looked at)."""
     found = labels(source, options)
     return found.classes, found.class_to_idx
 
 
-def labels(source: Path, options: ManifestOptions | None = None) -> Labels:
+def labels(source: Path, options: SourceOptions | None = None) -> Labels:
     """The classes, target kind and target names of the manifest (it is parsed, its images are not looked at)."""
-    options = options or ManifestOptions()
+    options = options or SourceOptions()
     table, _, _, label_cols, _, mask_col = _open(source, options)
     if mask_col is not None:
         return masks.mask_labels(options)
@@ -189,7 +189,7 @@ class _Targets:
     names: list[str] = field(default_factory=list)
 
 
-def _open(source: Path, options: ManifestOptions, announce: bool = False) -> tuple[Table, Path, str, list[str], str | None, str | None]:
+def _open(source: Path, options: SourceOptions, announce: bool = False) -> tuple[Table, Path, str, list[str], str | None, str | None]:
     """The parsed manifest of ``source``, its root, and its image, label, split and mask columns."""
     manifest = _manifest_file(source, announce)
     table = read_table(manifest)
@@ -199,7 +199,7 @@ def _open(source: Path, options: ManifestOptions, announce: bool = False) -> tup
     path_col = _column(table, "path_column", options.path_column, ("path", "file_name"))
     if path_col is None:
         raise SourceError(f"{table.path} has no image column: expected 'path' (or Hugging Face's 'file_name'); its columns are "
-                          f"{table.columns}. Name yours with path_column= (CLI --path-column, Hydra data.manifest.path_column).")
+                          f"{table.columns}. Name yours with path_column= (CLI --path-column, Hydra data.source_options.path_column).")
     mask_col = masks.mask_column(table.path, table.columns, options)
     if options.label_column is None:
         label_cols = ["label"] if "label" in table.columns and mask_col is None else []
@@ -222,7 +222,7 @@ def _manifest_file(source: Path, announce: bool = False) -> Path:
     return found[0]
 
 
-def _root(manifest: Path, options: ManifestOptions) -> Path:
+def _root(manifest: Path, options: SourceOptions) -> Path:
     if options.root is None:
         return manifest.parent.resolve()
     root = Path(options.root).expanduser().resolve()
@@ -329,20 +329,20 @@ def _infer(table: Table, column: str, values: list[Any], firsts: list[int]) -> s
     single = first.get("name", first.get("int"))
     if "list" in tags and tags <= {"list", "name", "int"} and single is not None:  # multi-label rows, some written as one label
         raise SourceError(f"{table.path}: column {column!r} holds lists of labels and single labels: {found}. For a multi-label target "
-                          f"set target_kind='multilabel' (CLI --target-kind multilabel, Hydra data.manifest.target_kind): a single "
+                          f"set target_kind='multilabel' (CLI --target-kind multilabel, Hydra data.source_options.target_kind): a single "
                           f"label is then a list of one; or write line {table.lines[single]}'s label as a list: "
                           f"{json.dumps([values[single]], ensure_ascii=False)}.")
     raise SourceError(f"{table.path}: cannot tell which kind of target column {column!r} holds: {found or 'no values'}. {_SET_KIND}")
 
 
-def _targets(table: Table, columns: list[str], options: ManifestOptions) -> _Targets:
+def _targets(table: Table, columns: list[str], options: SourceOptions) -> _Targets:
     kind, n = options.target_kind, len(table.rows)
     if kind is not None and kind not in _READ_HERE:  # a kind of yours: each cell held as its entry holds it
         return _held(table, columns, target_kind(kind), options)
     if kind == "none" or not columns:
         if kind not in (None, "none"):
             raise SourceError(f"{table.path} has no 'label' column for target_kind={kind!r}; its columns are {table.columns}. "
-                              "Name the target column with label_column= (CLI --label-column, Hydra data.manifest.label_column).")
+                              "Name the target column with label_column= (CLI --label-column, Hydra data.source_options.label_column).")
         unused = {k: v for k, v in options.as_dict().items() if k in ("classes", "label_sep")}
         if unused:
             raise OptionError(f"{', '.join(f'{k}={v!r}' for k, v in unused.items())}: the target of {table.path} is 'none' (no label "
@@ -371,12 +371,12 @@ def _targets(table: Table, columns: list[str], options: ManifestOptions) -> _Tar
 _READ_HERE = ("class", "multilabel", "regression", "none")
 
 
-def _held(table: Table, columns: list[str], kind: TargetKind, options: ManifestOptions) -> _Targets:
+def _held(table: Table, columns: list[str], kind: TargetKind, options: SourceOptions) -> _Targets:
     """The targets of a registered kind of yours: one column, each cell (a JSON value; a CSV cell is parsed as JSON) given to
     the kind's :meth:`~lightning_lmdb.targets.TargetKind.hold`; a cell it refuses is a row error."""
     if len(columns) != 1:
         raise OptionError(f"target_kind={kind.name!r} reads one label column, not {columns or 'none'}: name it with label_column= "
-                          "(CLI --label-column, Hydra data.manifest.label_column).")
+                          "(CLI --label-column, Hydra data.source_options.label_column).")
     result = _Targets(kind.name, [None] * len(table.rows), classes=list(options.classes or ()))
     for i, value in enumerate(table.column(columns[0])):
         if value is None or value == "":
@@ -401,10 +401,10 @@ def _tokens(value: Any, multi: bool, sep: str | None) -> list[Any] | str:
     return items
 
 
-def _categorical(table: Table, column: str, values: list[Any], firsts: list[int], multi: bool, options: ManifestOptions) -> _Targets:
+def _categorical(table: Table, column: str, values: list[Any], firsts: list[int], multi: bool, options: SourceOptions) -> _Targets:
     if multi and table.is_csv and options.label_sep is None:
         raise OptionError(f"{table.path}: a CSV multi-label column ({column!r}) needs label_sep=, the character between the "
-                          "labels of a cell (e.g. '|'; CLI --label-sep, Hydra data.manifest.label_sep).")
+                          "labels of a cell (e.g. '|'; CLI --label-sep, Hydra data.source_options.label_sep).")
     distinct = {i: _tokens(value, multi, options.label_sep) for i, value in enumerate(values) if firsts[i] == i}
     tokens = {t for cell in distinct.values() if isinstance(cell, list) for t in cell}
     if table.is_csv:  # every cell an index (0, 7, 12; not 07, +7, 1_2): class indices -- unless a given class list names them

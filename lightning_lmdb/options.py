@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 from lightning_lmdb import codec
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.errors import OptionError
-from lightning_lmdb.sources import ManifestOptions
+from lightning_lmdb.sources import SourceOptions
 
 #: The built-in storage modes (documentation and type hints: the valid values are the registry's, ``codec.STORAGE_MODES``).
 Storage = Literal["auto", "encoded", "decoded"]
@@ -75,7 +75,7 @@ class BuildOptions:
             at a time, reading and decoding in that process.
         shard: With ``shards``: build this shard alone (``0 <= shard < shards``), e.g. one task of a job array;
             whichever build completes the last shard writes the manifest.
-        manifest: How to read a manifest source (:class:`~lightning_lmdb.sources.ManifestOptions`, or a mapping of its
+        manifest: How to read a manifest source (:class:`~lightning_lmdb.sources.SourceOptions`, or a mapping of its
             fields); its fields may also be given by name to :meth:`replace` and ``build_lmdb`` (``label_column="tags"``).
 
     Raises:
@@ -94,10 +94,10 @@ class BuildOptions:
     progress: bool = True
     shards: int | None = None
     shard: int | None = None
-    manifest: ManifestOptions = ManifestOptions()
+    manifest: SourceOptions = SourceOptions()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "manifest", ManifestOptions.of(self.manifest))
+        object.__setattr__(self, "manifest", SourceOptions.of(self.manifest))
         for name, valid in choices().items():
             value = getattr(self, name)
             if value not in valid:
@@ -151,9 +151,9 @@ class BuildOptions:
         return "".join(f"\0{part}" for part in parts)
 
     def replace(self, **changes: Any) -> BuildOptions:
-        """A copy with some options changed (validated again); a field of :class:`ManifestOptions` changes ``manifest``'s."""
-        fields = {f.name for f in dataclasses.fields(ManifestOptions)}
+        """A copy with some options changed (validated again); a field of :class:`SourceOptions` changes ``manifest``'s."""
+        fields = {f.name for f in dataclasses.fields(SourceOptions)}
         manifest = {name: changes.pop(name) for name in list(changes) if name in fields}
         if manifest:
-            changes["manifest"] = dataclasses.replace(ManifestOptions.of(changes.get("manifest", self.manifest)), **manifest)
+            changes["manifest"] = dataclasses.replace(SourceOptions.of(changes.get("manifest", self.manifest)), **manifest)
         return dataclasses.replace(self, **changes)

@@ -22,17 +22,17 @@ from lightning_lmdb import datasource, masks, readers
 from lightning_lmdb import format as fmt
 from lightning_lmdb.batchdecode import Deferred
 from lightning_lmdb.codec import DEFAULT_MAX_PIXELS
-from lightning_lmdb.dataset import WithMask, _ImageDataset, ignore_index_of, kind_of
+from lightning_lmdb.dataset import ImageDatasetBase, WithMask, ignore_index_of, stored_targets
 from lightning_lmdb.decoders import ImageDecodeError, decode, hwc_to_tensor
 from lightning_lmdb.decoding import check_decoding
 from lightning_lmdb.errors import BuildError, LightningLMDBError, SourceError
-from lightning_lmdb.sources import Labels, ManifestOptions, SourceScan, read_file, scan_source
+from lightning_lmdb.sources import Labels, SourceOptions, SourceScan, read_file, scan_source
 from lightning_lmdb.targets import TargetTable, target_kind, width_of
 
 log = logging.getLogger(__name__)
 
 
-class RawImageDataset(_ImageDataset):
+class RawImageDataset(ImageDatasetBase):
     """The same samples read straight from the image files (the baseline of an A/B).
 
     The folder is scanned with torchvision's ImageFolder helpers (see :mod:`lightning_lmdb.folder`) and
@@ -52,7 +52,7 @@ class RawImageDataset(_ImageDataset):
         decode_size: As :class:`LMDBImageDataset`.
         indices: Serve only these samples, in this order.
         exclude: Relative paths to leave out (e.g. the bad files :func:`lightning_lmdb.writer.find_bad_files` found).
-        manifest: How to read ``root`` when it is a manifest (:class:`~lightning_lmdb.sources.ManifestOptions`).
+        manifest: How to read ``root`` when it is a manifest (:class:`~lightning_lmdb.sources.SourceOptions`).
     """
 
     def __init__(
@@ -65,7 +65,7 @@ class RawImageDataset(_ImageDataset):
         decode_size: int | None = None,
         indices: Sequence[int] | None = None,
         exclude: Collection[str] = (),
-        manifest: ManifestOptions | None = None,
+        manifest: SourceOptions | None = None,
     ):
         self._from_scan(scan_source(root, manifest), transform, target_transform, decoder, decode_size, indices, exclude)
 
@@ -135,8 +135,8 @@ class RawImageDataset(_ImageDataset):
         dataset.root = str(Path(root).expanduser().resolve())
         dataset._targets, dataset._paths, dataset._splits = meta.target_table(), meta.paths, meta.splits
         dataset._masks = getattr(meta, "mask_paths", None) if masked else None
-        _ImageDataset.__init__(dataset, meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder,
-                               decode_size, kind_of(meta), ignore_index_of(meta))
+        ImageDatasetBase.__init__(dataset, meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder,
+                                  decode_size, stored_targets(meta), ignore_index_of(meta))
         return dataset
 
     def files(self) -> list[str]:
@@ -264,7 +264,7 @@ def read_samples(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXEL
     return SampleReads(np.array(keys, dtype=np.int64), table, list(found.classes), list(found.target_names), bad)
 
 
-def source_labels(source: Any, options: ManifestOptions | None = None, *, read_all: bool = True,
+def source_labels(source: Any, options: SourceOptions | None = None, *, read_all: bool = True,
                   max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Labels | None:
     """The classes and target kind of a database built from the dataset ``source``, as cheaply as they can be known
     (:func:`lightning_lmdb.datasource.labels`).
@@ -275,7 +275,7 @@ def source_labels(source: Any, options: ManifestOptions | None = None, *, read_a
     ``classes``) need every sample read once (:func:`read_samples`, in this process): done with ``read_all``, else
     ``None`` is returned.
     """
-    options = options or ManifestOptions()
+    options = options or SourceOptions()
     given = datasource.classes(source, options)[0]
     fitting = datasource.RecordTargets(options.target_kind, given or None)
     if fitting.kind in (None, "regression"):
@@ -293,7 +293,7 @@ def source_labels(source: Any, options: ManifestOptions | None = None, *, read_a
     return read_samples(datasource.scan(source, options), max_pixels=max_pixels, workers=0).labels
 
 
-class SourceDataset(_ImageDataset):
+class SourceDataset(ImageDatasetBase):
     """The samples of a map-style dataset source served from the dataset itself: the raw side of an A/B whose source is a
     ``Dataset`` (``LMDBDataModule(train_dir=my_dataset, backend="raw")``).
 
@@ -339,7 +339,8 @@ class SourceDataset(_ImageDataset):
         ``dataset`` (``meta`` read with ``arrays=True``: its records' paths are the dataset indices)."""
         if meta.paths is None:
             raise ValueError("from_metadata needs metadata read with arrays=True (the paths).")
-        found = cls(dataset, np.array(meta.paths.tolist(), dtype=np.int64), meta.target_table(), meta.classes, kind_of(meta), transform)
+        found = cls(dataset, np.array(meta.paths.tolist(), dtype=np.int64), meta.target_table(), meta.classes, stored_targets(meta),
+                    transform)
         found._paths = meta.paths
         return found
 

@@ -23,7 +23,7 @@ optional split name, a size and a modification time.
   for a kind whose targets are not only classes (without it, the target kind is ``"class"`` when there are classes,
   else ``"none"``); :func:`labels_of` asks it;
 
-(``options`` is a :class:`ManifestOptions`). The kinds are tried in their order of registration (``before=`` puts one
+(``options`` is a :class:`SourceOptions`: how any source is read). The kinds are tried in their order of registration (``before=`` puts one
 earlier): the library registers :mod:`lightning_lmdb.manifest` (a CSV / TSV / JSON Lines file, or a folder holding
 ``metadata.csv`` / ``metadata.jsonl``), then :mod:`lightning_lmdb.folder` (an ImageFolder-layout or flat folder), then
 :mod:`lightning_lmdb.datasource` (a map-style ``Dataset``). :func:`kind_of` remembers each source's kind (a path's
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from lightning_lmdb.deprecated import renamed_class
 from lightning_lmdb.errors import NotRegularFileError, OptionError
 from lightning_lmdb.targets.base import NO_TARGET, Target, kind_names, unknown_kind  # noqa: F401  (NO_TARGET, Target: re-exported)
 
@@ -61,9 +62,13 @@ TargetKind = Literal["class", "multilabel", "regression", "none", "mask"]
 
 
 @dataclass(frozen=True)
-class ManifestOptions:
-    """How to read a manifest's images and targets (a folder takes none of them; a packed ``Dataset`` takes ``target_kind``
-    and ``classes``).
+class SourceOptions:
+    """How a source is read: where its images are, which of its columns (or fields) hold the targets, and what kind of targets
+    they are. Every source kind takes these options and uses the ones that apply to it: a manifest most of them, an image
+    folder ``masks_dir`` (the rest are left unset), a packed ``Dataset`` ``target_kind``, ``classes`` and ``version``; the
+    source kinds to come add theirs here (detection's box columns, object storage's ``storage_options``).
+
+    Formerly ``ManifestOptions`` (a deprecated alias, kept for one release: constructing it warns).
 
     Attributes:
         root: The folder a manifest's relative image paths are relative to (and must stay inside); ``None``: the
@@ -129,11 +134,11 @@ class ManifestOptions:
 
     def is_default(self) -> bool:
         """Whether every field is left at its default (a folder takes no options)."""
-        return self == ManifestOptions()
+        return self == SourceOptions()
 
     @classmethod
-    def of(cls, value: ManifestOptions | Mapping[str, Any] | None) -> ManifestOptions:
-        """``value`` as options: itself, a mapping of fields (e.g. a Hydra ``data.manifest`` node), or the defaults for ``None``.
+    def of(cls, value: SourceOptions | Mapping[str, Any] | None) -> SourceOptions:
+        """``value`` as options: itself, a mapping of fields (e.g. a Hydra ``data.source_options`` node), or the defaults for ``None``.
 
         Raises:
             OptionError: A key that is not a field (named, with the valid ones), or a bad value.
@@ -145,13 +150,18 @@ class ManifestOptions:
         fields = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(value) - set(fields))
         if unknown:
-            raise OptionError(f"manifest option(s) {', '.join(map(repr, unknown))} unknown; the options are {', '.join(fields)}.")
+            raise OptionError(f"source option(s) {', '.join(map(repr, unknown))} unknown; the options are {', '.join(fields)}.")
         return cls(**{k: (tuple(v) if isinstance(v, list) or type(v).__name__ == "ListConfig" else v) for k, v in value.items()})
 
     def as_dict(self) -> dict[str, Any]:
         """The options that are set, as plain JSON values (what a database records of how its source was read)."""
         return {name: list(value) if isinstance(value, tuple) else value
                 for name, value in dataclasses.asdict(self).items() if value is not None}
+
+
+#: The old name of :class:`SourceOptions` (it configures every source kind, not only manifests): reading it is silent, so
+#: ``from lightning_lmdb.sources import ManifestOptions`` keeps working; constructing it warns.
+ManifestOptions = renamed_class(SourceOptions, "ManifestOptions")
 
 
 def _as_source(source: Any) -> Any:
@@ -169,11 +179,11 @@ class SourceKind(Protocol):
 
     def accepts(self, source: Any) -> bool: ...
 
-    def scan(self, source: Any, options: ManifestOptions) -> SourceScan: ...
+    def scan(self, source: Any, options: SourceOptions) -> SourceScan: ...
 
-    def has_samples(self, source: Any, options: ManifestOptions) -> bool: ...
+    def has_samples(self, source: Any, options: SourceOptions) -> bool: ...
 
-    def classes(self, source: Any, options: ManifestOptions) -> tuple[list[str], dict[str, int]]: ...
+    def classes(self, source: Any, options: SourceOptions) -> tuple[list[str], dict[str, int]]: ...
 
 
 #: The registered source kinds in the order they are tried: a kind, or the module path of one not imported yet.
@@ -346,14 +356,14 @@ class Labels:
     target_names: list[str] = field(default_factory=list)
 
 
-def labels_of(source: Any, options: ManifestOptions | None = None) -> Labels:
+def labels_of(source: Any, options: SourceOptions | None = None) -> Labels:
     """The classes and target kind of ``source``, as cheaply as its kind allows (no image is looked at).
 
     Raises:
         FileNotFoundError: ``source`` is of no known kind.
     """
     kind = _kind_or_raise(source)
-    given, options = _as_source(source), options or ManifestOptions()
+    given, options = _as_source(source), options or SourceOptions()
     if hasattr(kind, "labels"):
         return kind.labels(given, options)
     classes, class_to_idx = kind.classes(given, options)
@@ -383,18 +393,18 @@ def unknown_reason(source: Any) -> str:
     return f"{what}: {describe_kinds(paths_only=isinstance(given, Path))}."
 
 
-def scan_source(source: Any, options: ManifestOptions | None = None) -> SourceScan:
+def scan_source(source: Any, options: SourceOptions | None = None) -> SourceScan:
     """Scan ``source`` with the first registered source kind that accepts it (:func:`kind_of`).
 
     Args:
         source: A folder, a manifest file, or whatever another source kind accepts.
-        options: How to read it (default :class:`ManifestOptions`).
+        options: How to read it (default :class:`SourceOptions`).
 
     Raises:
         FileNotFoundError: ``source`` is of no registered kind (the message lists what each accepts).
         SourceError: ``source`` holds no images, or a manifest is malformed (the kind's own message).
     """
-    return _kind_or_raise(source).scan(_as_source(source), options or ManifestOptions())
+    return _kind_or_raise(source).scan(_as_source(source), options or SourceOptions())
 
 
 @dataclass(frozen=True)

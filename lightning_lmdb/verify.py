@@ -17,7 +17,7 @@ import numpy as np
 from lightning_lmdb import database, envs, masks
 from lightning_lmdb import format as fmt
 from lightning_lmdb.codec import DEFAULT_QUALITY, ImageDecodeError, RecordError, decode_record, encode_record, record_codec
-from lightning_lmdb.sources import ManifestOptions, SourceFile, SourceScan
+from lightning_lmdb.sources import SourceFile, SourceOptions, SourceScan
 from lightning_lmdb.targets import named, target_kind
 
 
@@ -94,7 +94,7 @@ def split_counts(meta: fmt.Metadata) -> dict[str, int]:
 
 def verify_lmdb(
     path: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, *, allow_skipped: bool = False,
-    manifest: ManifestOptions | None = None,
+    manifest: SourceOptions | None = None,
 ) -> VerifyReport:
     """Check every record against its stored checksum and, with ``source``, against the source files.
 
@@ -143,7 +143,7 @@ def verify_lmdb(
         from lightning_lmdb.sources import scan_source  # torchvision's scan: only a check against the source pays for importing torch
 
         if manifest is None or manifest.is_default():  # read the source as the build did
-            manifest = ManifestOptions.of(meta.options.get("manifest"))
+            manifest = SourceOptions.of(meta.options.get("manifest"))
         scan = scan_source(source, manifest)
         scan_root = str(scan.root)
         files = {f.relpath: f for f in scan.files}

@@ -1,4 +1,5 @@
-"""Build a lightning_lmdb database from an image folder: :func:`build_lmdb` and :func:`build`.
+"""Build a lightning_lmdb database from any source (an image folder, a manifest, a map-style ``Dataset``, or a kind registered
+with :func:`lightning_lmdb.sources.register_source_kind`): :func:`build_lmdb` and :func:`build`.
 
 A pool of processes reads and fully decodes every file (so training never meets a corrupt image);
 one writer appends records in batched transactions into ``TARGET.partial`` and records its progress
@@ -42,12 +43,14 @@ log = logging.getLogger(__name__)
 
 
 def build_lmdb(
-    source: str | os.PathLike[str], target: str | os.PathLike[str], options: BuildOptions | None = None, **overrides: Any
+    source: str | os.PathLike[str] | Any, target: str | os.PathLike[str], options: BuildOptions | None = None, **overrides: Any
 ) -> Path:
-    """Pack an image folder into one LMDB file, or return at once if it is already up to date.
+    """Pack a source into one LMDB file (or a sharded folder), or return at once if it is already up to date.
 
     Args:
-        source: A folder in ImageFolder layout (one subfolder per class) or a flat folder of images.
+        source: Any source :func:`lightning_lmdb.sources.scan_source` reads: a folder in ImageFolder layout (one subfolder per
+            class) or a flat folder of images, a manifest (.csv/.tsv/.jsonl, or a folder with metadata.csv/.jsonl; read as
+            ``options.manifest`` says), a map-style ``Dataset``, or a source of a registered kind.
         target: The database file to create, e.g. ``data/train.lmdb``. Must not lie inside ``source``.
         options: How to build (:class:`~lightning_lmdb.options.BuildOptions`; default options when ``None``).
         **overrides: Any option by name, e.g. ``storage="decoded"``, ``workers=0``, ``on_error="skip"``,
@@ -60,7 +63,7 @@ def build_lmdb(
         The path of the finished database (with ``shard``: the folder, which is finished once every shard is).
 
     Raises:
-        FileNotFoundError: No source folder.
+        FileNotFoundError: No source (a path that does not exist).
         ValueError: A bad option, no images, or a target inside the source.
         FileExistsError: The target exists and is not a lightning_lmdb database (it is never touched).
         BuildError: A bad file with ``on_error="raise"``.

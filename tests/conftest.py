@@ -1,11 +1,13 @@
-"""Shared fixtures: tiny generated image folders in tmp_path."""
+"""Shared fixtures: tiny generated image folders in tmp_path, the ``list`` source kind, a small disk."""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ci import small_tmpfs
 from imagegen import make_folder
 
 # A suite started in the background of a non-interactive shell (``cmd &``, nohup) inherits SIGINT
@@ -31,3 +33,13 @@ def list_kind():
     sources.register_source_kind(seamkit, before="manifest")
     yield seamkit
     sources.unregister_source_kind(seamkit)
+
+
+@pytest.fixture
+def small_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A small tmpfs mounted on a fresh folder, unmounted afterwards (skipped without root, a failure on CI): of the test module's
+    ``SMALL_DISK`` size (e.g. ``"2m"``), else 256 KiB."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    with small_tmpfs(disk, getattr(request.module, "SMALL_DISK", "256k")):
+        yield disk

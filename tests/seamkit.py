@@ -10,19 +10,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning_lmdb.sources import ManifestOptions, SourceFile, SourceScan
+from PIL import Image
+
+from lightning_lmdb.sources import SourceFile, SourceOptions, SourceScan
 
 NAME = "list"
 DESCRIPTION = "a .list file of 'relative-path class-index' lines"
 #: ``(call, options)`` of every call since the fixture registered the kind.
-CALLS: list[tuple[str, ManifestOptions | None]] = []
+CALLS: list[tuple[str, SourceOptions | None]] = []
+
+
+def write_listing(folder: Path, rows: list[tuple[int, int]]) -> Path:
+    """A source of this kind: ``folder/images/<i>.png`` for each image ``i`` of ``rows`` (6 x 5, a distinct red each) and
+    ``folder/images/train.list`` with a ``<i>.png <class>`` line per ``(i, class)`` row, in their order; returns the list file."""
+    images = folder / "images"
+    images.mkdir()
+    for i in sorted({i for i, _ in rows}):
+        Image.new("RGB", (6, 5), (40 * i, 0, 0)).save(images / f"{i}.png")
+    listing = images / "train.list"
+    listing.write_text("".join(f"{i}.png {target}\n" for i, target in rows))
+    return listing
 
 
 def accepts(source: Any) -> bool:
     return isinstance(source, Path) and source.suffix == ".list" and source.is_file()
 
 
-def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
+def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
     CALLS.append(("scan", options))
     listing = source.resolve()
     root, files = listing.parent, []
@@ -33,12 +47,12 @@ def scan(source: Path, options: ManifestOptions | None = None) -> SourceScan:
     return SourceScan(root=root, classes=["a", "b"], class_to_idx={"a": 0, "b": 1}, files=files)
 
 
-def has_samples(source: Path, options: ManifestOptions | None = None) -> bool:
+def has_samples(source: Path, options: SourceOptions | None = None) -> bool:
     CALLS.append(("has_samples", options))
     return bool(source.read_text().strip())
 
 
-def classes(source: Path, options: ManifestOptions | None = None) -> tuple[list[str], dict[str, int]]:
+def classes(source: Path, options: SourceOptions | None = None) -> tuple[list[str], dict[str, int]]:
     CALLS.append(("classes", options))
     return ["a", "b"], {"a": 0, "b": 1}
 
@@ -50,7 +64,6 @@ def classes(source: Path, options: ManifestOptions | None = None) -> tuple[list[
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from PIL import Image  # noqa: E402
 
 from lightning_lmdb.targets import NO_TARGET, TargetKind, TargetTable  # noqa: E402
 from lightning_lmdb.targets.table import check_offsets  # noqa: E402

@@ -45,8 +45,9 @@ def test_the_backends_do_not_reference_the_datamodule(module: str) -> None:
 
 
 def _plan(source: Path, cache: Path, backend: str, **options: object) -> DataPlan:
-    return DataPlan(dirs={"train": source.resolve(), "val": None, "test": None}, given_as={"train": str(source), "val": None, "test": None},
-                    given_databases=frozenset(), build_options=BuildOptions(workers=0, **options), cache_dir=cache, backend=backend)
+    return DataPlan(sources={"train": source.resolve(), "val": None, "test": None},
+                    given_as={"train": str(source), "val": None, "test": None}, given_databases=frozenset(),
+                    build_options=BuildOptions(workers=0, **options), cache_dir=cache, backend=backend)
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "raw"])

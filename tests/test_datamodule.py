@@ -427,7 +427,7 @@ def test_checkpoint_hyperparameters_are_plain_and_load_weights_only(tmp_path: Pa
     assert hparams == dict(dm.hparams) and all(_plain(v) for v in hparams.values()), hparams
     restored = LMDBDataModule.load_from_checkpoint(ckpt, weights_only=True)
     assert isinstance(restored, LMDBDataModule) and restored.hparams == dm.hparams
-    assert (restored.dirs, restored.cache_dir, restored.val_fraction) == (dm.dirs, dm.cache_dir, 0.1)
+    assert (restored.sources, restored.cache_dir, restored.val_fraction) == (dm.sources, dm.cache_dir, 0.1)
     assert LMDBDataModule.load_from_checkpoint(ckpt, batch_size=2).batch_size == 2, "keyword arguments override"
     # resuming (which loads the datamodule's state too) works with weights-only loading
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt2")

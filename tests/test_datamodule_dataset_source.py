@@ -174,7 +174,7 @@ def test_the_database_name_is_stable_and_changes_with_the_version(tmp_path: Path
     first, second = _module(PilClasses(), tmp_path / "cache", "lmdb"), _module(PilClasses(), tmp_path / "cache", "lmdb")
     assert first.database_path("train") == second.database_path("train"), "two equal dataset objects: one database"
     assert first.database_path("train").name.startswith("PilClasses-")
-    versioned = _module(PilClasses(), tmp_path / "cache", "lmdb", manifest={"version": 2})
+    versioned = _module(PilClasses(), tmp_path / "cache", "lmdb", source_options={"version": 2})
     assert versioned.database_path("train") != first.database_path("train")
     assert versioned.hparams["train_dir"] == "<Dataset PilClasses of 10 samples, version 2>"
     assert _module(PilClasses(11), tmp_path / "cache", "lmdb").database_path("train") != first.database_path("train"), "its length"
@@ -238,7 +238,7 @@ def test_bad_samples_are_left_out_alike(tmp_path: Path, first: str) -> None:
 
 def test_hyperparameters_are_plain_and_a_checkpoint_needs_the_dataset_again(tmp_path: Path) -> None:
     dm = _module(PilClasses(), tmp_path / "cache", "lmdb", val_fraction=0.2)
-    assert dm.hparams["train_dir"] == "<Dataset PilClasses of 10 samples>" and dm.dirs["train"].__class__ is PilClasses
+    assert dm.hparams["train_dir"] == "<Dataset PilClasses of 10 samples>" and dm.sources["train"].__class__ is PilClasses
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, callbacks=[checkpoints], enable_progress_bar=False,
                          enable_model_summary=False)
@@ -271,8 +271,8 @@ class _Tiny(pl.LightningModule):
 def test_what_a_dataset_source_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(OptionError, match=r"shards=2 does not apply to a Dataset.*data\.shards"):
         _module(PilClasses(), tmp_path / "cache", "lmdb", shards=2)
-    with pytest.raises(OptionError, match=r"train_dir: label_column='tags'.*data\.manifest"):
-        _module(PilClasses(), tmp_path / "cache", "lmdb", manifest={"label_column": "tags"})
+    with pytest.raises(OptionError, match=r"train_dir: label_column='tags'.*data\.source_options"):
+        _module(PilClasses(), tmp_path / "cache", "lmdb", source_options={"label_column": "tags"})
     with pytest.raises(SourceError, match="train_dir is an empty Dataset"):
         _module(PilClasses(0), tmp_path / "cache", "lmdb")
     with pytest.raises(OptionError, match="val_dir is a builtins.object"):
@@ -371,6 +371,6 @@ def test_a_dataset_without_a_version_warns_once(tmp_path: Path, monkeypatch: pyt
         warnings.simplefilter("always")
         for _ in range(2):
             _batches(_module(PilClasses(), tmp_path / "cache", "lmdb"))
-        _batches(_module(PilClasses(), tmp_path / "cache", "lmdb", manifest={"version": 1}))
+        _batches(_module(PilClasses(), tmp_path / "cache", "lmdb", source_options={"version": 1}))
     said = [str(w.message) for w in caught if "has no version" in str(w.message)]
     assert len(said) == 1 and "PilClasses" in said[0] and "edit of the same length" in said[0] and "version=" in said[0], said

@@ -221,7 +221,8 @@ def test_a_test_class_the_training_split_lacks_is_named(tmp_path: Path, backend:
     train_dir = _named_folder(tmp_path / "train", ("animals", "food", "places"), per_class=1)
     test_dir = _named_folder(tmp_path / "test", ("animals", "sky"), per_class=1)
     dm = _module(train_dir, tmp_path, test_dir=test_dir, backend=backend)
-    with pytest.raises(ValueError, match=r"test_dir '.*test' has the class\(es\) 'sky', which train_dir .* lacks.*manifest=") as raised:
+    lacks = r"test_dir '.*test' has the class\(es\) 'sky', which train_dir .* lacks.*source_options="
+    with pytest.raises(ValueError, match=lacks) as raised:
         dm.prepare_data()
     from lightning_lmdb.errors import LightningLMDBError
 
@@ -265,16 +266,16 @@ def test_manifests_and_given_databases_are_mapped_or_refused(tmp_path: Path) -> 
 
 def test_a_folder_scan_maps_its_class_folders_through_given_classes(tmp_path: Path) -> None:
     from lightning_lmdb.errors import SourceError
-    from lightning_lmdb.sources import ManifestOptions, labels_of, scan_source
+    from lightning_lmdb.sources import SourceOptions, labels_of, scan_source
 
     source = _named_folder(tmp_path / "test", ("animals", "places"), per_class=2)
-    options = ManifestOptions(classes=TRAIN_CLASSES)
+    options = SourceOptions(classes=TRAIN_CLASSES)
     scan = scan_source(source, options)
     assert scan.classes == list(TRAIN_CLASSES) and [f.target for f in scan.files] == [0, 0, 2, 2]
     assert [f.relpath for f in scan.files] == [f.relpath for f in scan_source(source).files], "ImageFolder's order"
     assert scan.fingerprint() != scan_source(source).fingerprint(), "other targets, another fingerprint"
     assert labels_of(source, options).class_to_idx == {name: k for k, name in enumerate(TRAIN_CLASSES)}
     with pytest.raises(SourceError, match=r"class folder\(s\) 'places', which are not among the classes"):
-        scan_source(source, ManifestOptions(classes=("animals", "food")))
+        scan_source(source, SourceOptions(classes=("animals", "food")))
     with pytest.raises(SourceError, match="has none"):
         scan_source(source / "places", options)

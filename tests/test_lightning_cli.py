@@ -68,7 +68,7 @@ def test_a_yaml_config_instantiates_the_datamodule(tmp_path: Path, source: Path)
     dm = cli.datamodule
     assert isinstance(dm, LMDBDataModule)
     assert (dm.backend, dm.batch_size, dm.num_workers, dm.val_fraction) == ("raw", 4, 0, 0.25)
-    assert (dm.cache_dir, dm.dirs["train"]) == (tmp_path / "cache", source.resolve())
+    assert (dm.cache_dir, dm.sources["train"]) == (tmp_path / "cache", source.resolve())
     assert (dm.build_options.on_error, dm.build_options.storage, dm.multiprocessing_context) == ("skip", "decoded", "spawn")
     assert dm.hparams["train_dir"] == str(source) and dm.hparams["backend"] == "raw"
     dm.setup("fit")
@@ -79,7 +79,7 @@ def test_a_yaml_config_instantiates_the_datamodule(tmp_path: Path, source: Path)
 def test_data_arguments_on_the_command_line(tmp_path: Path, source: Path) -> None:
     cli = _cli(f"--data.train_dir={source}", "--data.cache_dir", str(tmp_path / "cache"), "--data.num_workers=0")
     dm = cli.datamodule
-    assert dm.dirs["train"] == source.resolve() and dm.backend == "lmdb" and dm.val_fraction == 0.1
+    assert dm.sources["train"] == source.resolve() and dm.backend == "lmdb" and dm.val_fraction == 0.1
     assert dm.num_classes == 2 and dm.classes == ["c0", "c1"]
 
 

@@ -17,7 +17,7 @@ from PIL import Image
 from lightning_lmdb import manifest, sources
 from lightning_lmdb.errors import OptionError, SourceError
 from lightning_lmdb.folder import scan_folder
-from lightning_lmdb.sources import NO_TARGET, ManifestOptions, SourceScan
+from lightning_lmdb.sources import NO_TARGET, SourceOptions, SourceScan
 
 FORMATS = ["csv", "tsv", "jsonl"]
 
@@ -53,7 +53,7 @@ def write_manifest(path: Path, rows: list[dict[str, Any]], columns: list[str] | 
 
 
 def scan(path: Path, **options: Any) -> SourceScan:
-    return manifest.scan(path, ManifestOptions(**options))
+    return manifest.scan(path, SourceOptions(**options))
 
 
 def line(fmt: str, row: int) -> int:
@@ -287,13 +287,13 @@ def test_ndjson_and_upper_case_suffix(images: Path):
 @pytest.mark.parametrize("name", ["metadata.csv", "metadata.jsonl"])
 def test_hugging_face_folder(images: Path, name: str):
     write_manifest(images / name, [{"file_name": "sub/c.png", "label": "b"}, {"file_name": "a.png", "label": "a"}])
-    assert manifest.accepts(images) and manifest.has_samples(images, ManifestOptions())
+    assert manifest.accepts(images) and manifest.has_samples(images, SourceOptions())
     result = scan(images)
     assert result.root == images.resolve() and result.classes == ["a", "b"]
     fmt = name.split(".")[1]
     assert [(f.relpath, f.target, f.origin) for f in result.files] == [("sub/c.png", 1, f"{name} line {line(fmt, 0)}"),
                                                                        ("a.png", 0, f"{name} line {line(fmt, 1)}")]
-    assert manifest.classes(images, ManifestOptions()) == (["a", "b"], {"a": 0, "b": 1})
+    assert manifest.classes(images, SourceOptions()) == (["a", "b"], {"a": 0, "b": 1})
 
 
 def test_metadata_wins_over_class_subfolders(tmp_path: Path, caplog: pytest.LogCaptureFixture):
@@ -419,7 +419,7 @@ def test_unclear_target_kind_asks_for_target_kind(images: Path, content: str):
     path.write_text(content)
     with pytest.raises(SourceError, match="target_kind=") as info:
         scan(path)
-    assert "--target-kind" in str(info.value) and "data.manifest.target_kind" in str(info.value) and path.name in str(info.value)
+    assert "--target-kind" in str(info.value) and "data.source_options.target_kind" in str(info.value) and path.name in str(info.value)
 
 
 def test_unclear_kind_resolved_by_target_kind(images: Path):
@@ -471,13 +471,13 @@ def test_accepts(images: Path):
 def test_has_samples_and_classes(images: Path):
     header_only = images / "h.csv"
     header_only.write_text("path,label\n\n,,\n")
-    assert not manifest.has_samples(header_only, ManifestOptions())
+    assert not manifest.has_samples(header_only, SourceOptions())
     path = write_manifest(images / "m.csv", [{"path": "nowhere.png", "label": "b"}, {"path": "a.png", "label": "a"}])
-    assert manifest.has_samples(path, ManifestOptions())
-    assert manifest.classes(path, ManifestOptions()) == (["a", "b"], {"a": 0, "b": 1})
+    assert manifest.has_samples(path, SourceOptions())
+    assert manifest.classes(path, SourceOptions()) == (["a", "b"], {"a": 0, "b": 1})
     empty_jsonl = images / "e.jsonl"
     empty_jsonl.write_text("\n  \n")
-    assert not manifest.has_samples(empty_jsonl, ManifestOptions())
+    assert not manifest.has_samples(empty_jsonl, SourceOptions())
 
 
 def test_same_scan_as_image_folder(tmp_path: Path):
@@ -493,6 +493,6 @@ def test_same_scan_as_image_folder(tmp_path: Path):
 def test_scan_source_dispatches_to_manifests(images: Path):
     path = write_manifest(images / "m.csv", [{"path": "a.png", "tag": "x|y"}])
     assert sources.kind_of(path) is manifest
-    result = sources.scan_source(str(path), ManifestOptions(label_column="tag", label_sep="|"))
+    result = sources.scan_source(str(path), SourceOptions(label_column="tag", label_sep="|"))
     assert result.target_kind == "multilabel" and result.classes == ["x", "y"] and result.files[0].target == (0, 1)
     assert sources.scan_source(path).classes == []  # default options: no 'label' column

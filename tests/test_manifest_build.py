@@ -17,7 +17,7 @@ from PIL import Image
 from lightning_lmdb import database
 from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
 from lightning_lmdb.errors import BuildError, SourceError, StaleDatabaseError
-from lightning_lmdb.sources import ManifestOptions
+from lightning_lmdb.sources import SourceOptions
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
 from lightning_lmdb.writer import build, build_lmdb
 
@@ -124,13 +124,13 @@ def test_every_kind_equals_a_hand_written_reference(tmp_path: Path, kind: str, s
     served = LMDBImageDataset(db)
     assert served.target_kind == kind and served.classes == classes
     _same(served, reference)
-    _same(RawImageDataset(manifest, manifest=ManifestOptions(**options)), reference)
+    _same(RawImageDataset(manifest, manifest=SourceOptions(**options)), reference)
     assert served.paths == paths, "rows in the file's order"
     if kind == "regression":
         assert served.target_names == ["label"]
     info = describe_lmdb(db)
     assert info["target_kind"] == kind and info["format_version"] == (3 if kind in ("multilabel", "regression") else 2)
-    assert verify_lmdb(db, manifest, manifest=ManifestOptions(**options)).ok
+    assert verify_lmdb(db, manifest, manifest=SourceOptions(**options)).ok
     assert verify_lmdb(db, manifest).ok, "without options, verify reads the manifest as the build did"
     assert database.load_meta(db).options.get("manifest") == (options or None), "the database records how it was read"
 

@@ -20,7 +20,7 @@ from lightning_lmdb import cli, codec, database, envs, masks
 from lightning_lmdb import format as fmt
 from lightning_lmdb.errors import BuildError, OptionError, SourceError
 from lightning_lmdb.readers import find_bad_files, read_mask_targets
-from lightning_lmdb.sources import Labels, ManifestOptions, labels_of, scan_source
+from lightning_lmdb.sources import Labels, SourceOptions, labels_of, scan_source
 from lightning_lmdb.verify import describe_lmdb, verify_lmdb
 from lightning_lmdb.writer import FAULT_ENV, build, build_lmdb
 
@@ -146,7 +146,7 @@ def test_an_images_folder_paired_with_masks_dir(tmp_path: Path) -> None:
     meta = database.load_meta(target, arrays=True)
     assert meta.paths is not None and meta.paths.tolist() == [i for i, _ in ordered]
     assert meta.mask_paths is not None and meta.mask_paths.tolist() == [str(tmp_path / "masks" / m) for _, m in ordered]  # outside the root
-    report = verify_lmdb(target, tmp_path / "images", manifest=ManifestOptions(masks_dir=str(tmp_path / "masks")))
+    report = verify_lmdb(target, tmp_path / "images", manifest=SourceOptions(masks_dir=str(tmp_path / "masks")))
     assert report.ok, report.problems
     files = [tmp_path / "images" / i for i, _ in ordered] + [tmp_path / "masks" / m for _, m in ordered]
     assert meta.source.bytes == sum(f.stat().st_size for f in files), "the source's bytes count the masks too"
@@ -178,7 +178,7 @@ def test_num_classes_classes_and_ignore_index_options(tmp_path: Path) -> None:
         build(tmp_path / "images", tmp_path / "small.lmdb", masks_dir=str(tmp_path / "masks"), num_classes=top, workers=0, progress=False)
     assert not (tmp_path / "small.lmdb").exists()
     with pytest.raises(OptionError, match="num_classes=3 but classes= names 2"):
-        scan_source(tmp_path / "images", ManifestOptions(masks_dir=str(tmp_path / "masks"), num_classes=3, classes=("a", "b")))
+        scan_source(tmp_path / "images", SourceOptions(masks_dir=str(tmp_path / "masks"), num_classes=3, classes=("a", "b")))
 
 
 def _bad_mask(case: str, path: Path, size: tuple[int, int]) -> None:
@@ -238,7 +238,7 @@ def test_unmatched_or_ambiguous_pairs_are_refused_naming_them(tmp_path: Path) ->
     pairs = _pairs(tmp_path / "images", tmp_path / "masks", count=6)
     (tmp_path / "masks" / pairs[0][1]).unlink()
     _save_mask(np.zeros((3, 3), np.uint8), "L", tmp_path / "masks" / "sub" / "stray.png")
-    options = ManifestOptions(masks_dir=str(tmp_path / "masks"))
+    options = SourceOptions(masks_dir=str(tmp_path / "masks"))
     with pytest.raises(SourceError) as raised:
         scan_source(tmp_path / "images", options)
     message = str(raised.value)
@@ -256,17 +256,17 @@ def test_what_a_folder_with_images_and_masks_is(tmp_path: Path) -> None:
     _pairs(tmp_path / "data" / "images", tmp_path / "data" / "masks", count=3)
     plain = scan_source(tmp_path / "data")  # without masks_dir: an ImageFolder of two classes
     assert plain.target_kind == "class" and plain.classes == ["images", "masks"]
-    paired = scan_source(tmp_path / "data" / "images", ManifestOptions(masks_dir=str(tmp_path / "data" / "masks")))
-    assert labels_of(tmp_path / "data" / "images", ManifestOptions(masks_dir=str(tmp_path / "data" / "masks"))).target_kind == "mask"
+    paired = scan_source(tmp_path / "data" / "images", SourceOptions(masks_dir=str(tmp_path / "data" / "masks")))
+    assert labels_of(tmp_path / "data" / "images", SourceOptions(masks_dir=str(tmp_path / "data" / "masks"))).target_kind == "mask"
     assert labels_of(tmp_path / "data").classes == ["images", "masks"]
     assert isinstance(paired, masks.MaskScan) and paired.target_kind == "mask" and paired.targets_from_records
     assert all(f.mask and f.mask_size > 0 and f.mask_mtime_ns > 0 for f in paired.files)
     with pytest.raises(OptionError, match="masks_dir="):
-        scan_source(tmp_path / "data" / "images", ManifestOptions(num_classes=3))
+        scan_source(tmp_path / "data" / "images", SourceOptions(num_classes=3))
     with pytest.raises(SourceError, match="hold each other"):
-        scan_source(tmp_path / "data", ManifestOptions(masks_dir=str(tmp_path / "data" / "masks")))
+        scan_source(tmp_path / "data", SourceOptions(masks_dir=str(tmp_path / "data" / "masks")))
     with pytest.raises(OptionError, match="label_column"):
-        scan_source(tmp_path / "data" / "images", ManifestOptions(masks_dir=str(tmp_path / "data" / "masks"), label_column="x"))
+        scan_source(tmp_path / "data" / "images", SourceOptions(masks_dir=str(tmp_path / "data" / "masks"), label_column="x"))
 
 
 def test_manifest_mask_column_options(tmp_path: Path) -> None:
@@ -277,25 +277,25 @@ def test_manifest_mask_column_options(tmp_path: Path) -> None:
     both.write_text("path,label,mask\n" + "".join(f"{i},cat,{m}\n" for i, m in rows))
     with pytest.raises(SourceError, match="both a 'label' and a 'mask' column: set target_kind="):
         scan_source(both)
-    assert scan_source(both, ManifestOptions(target_kind="mask")).target_kind == "mask"
-    assert scan_source(both, ManifestOptions(target_kind="class")).classes == ["cat"]
+    assert scan_source(both, SourceOptions(target_kind="mask")).target_kind == "mask"
+    assert scan_source(both, SourceOptions(target_kind="class")).classes == ["cat"]
     with pytest.raises(OptionError, match="label_column='label'"):
-        scan_source(both, ManifestOptions(label_column="label", mask_column="mask"))
+        scan_source(both, SourceOptions(label_column="label", mask_column="mask"))
 
     named = root / "named.jsonl"
     named.write_text("".join(f'{{"path": "{i}", "seg": "{m}"}}\n' for i, m in rows))
-    scan = scan_source(named, ManifestOptions(mask_column="seg", ignore_index=0))
+    scan = scan_source(named, SourceOptions(mask_column="seg", ignore_index=0))
     assert isinstance(scan, masks.MaskScan) and scan.ignore_index == 0 and [f.mask for f in scan.files] == [str(root / m) for _, m in rows]
     with pytest.raises(SourceError, match="no column 'mask'"):
-        scan_source(named, ManifestOptions(mask_column="mask"))
+        scan_source(named, SourceOptions(mask_column="mask"))
     with pytest.raises(OptionError, match="ignore_index=0: these options read segmentation masks"):
-        scan_source(named, ManifestOptions(ignore_index=0))
+        scan_source(named, SourceOptions(ignore_index=0))
 
     split = root / "split.csv"
     split.write_text("path,mask,split\n" + "".join(f"{i},{m},{s}\n" for (i, m), s in zip(rows, ("train", "val", "train"), strict=True)))
     meta = database.load_meta(build_lmdb(split, tmp_path / "split.lmdb", num_classes=400, workers=0, progress=False))
     assert (meta.target_kind, meta.split_names, meta.splits.tolist()) == ("mask", ["train", "val"], [0, 1, 0])
-    assert labels_of(split, ManifestOptions(num_classes=3)) == Labels(["0", "1", "2"], {"0": 0, "1": 1, "2": 2}, "mask")
+    assert labels_of(split, SourceOptions(num_classes=3)) == Labels(["0", "1", "2"], {"0": 0, "1": 1, "2": 2}, "mask")
     assert labels_of(split).classes == []  # inferred: known once the masks are read
 
     out = root / "out.csv"

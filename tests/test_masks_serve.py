@@ -39,7 +39,7 @@ from lightning_lmdb.batchdecode import DeferredImages
 from lightning_lmdb.dataset import LMDBImageDataset
 from lightning_lmdb.errors import ImageDecodeError
 from lightning_lmdb.rawdataset import RawImageDataset
-from lightning_lmdb.sources import ManifestOptions
+from lightning_lmdb.sources import SourceOptions
 from lightning_lmdb.transforms import ResizedCrop
 
 #: The regions' colours (far apart) and their mask ids: the last is the ignore index.
@@ -288,7 +288,7 @@ def test_sixteen_bit_masks_and_their_ignore_index_survive_the_transforms(tmp_pat
     Image.fromarray(PALETTE[regions].astype(np.uint8)).save(tmp_path / "images/a.png")
     Image.fromarray(ids[regions].astype(np.uint16)).save(tmp_path / "images/a_mask.png")
     (tmp_path / "list.csv").write_text("path,mask\nimages/a.png,images/a_mask.png\n")
-    options = ManifestOptions(ignore_index=65535, num_classes=2001)
+    options = SourceOptions(ignore_index=65535, num_classes=2001)
     raw = RawImageDataset(tmp_path / "list.csv", decoder="opencv", manifest=options)
     assert raw.ignore_index == 65535 and len(raw.classes) == 2001
     image, mask = raw[0]
@@ -351,7 +351,7 @@ def test_datamodule_serves_segmentation(pairs: Path, tmp_path: Path, backend: st
 
 
 def test_datamodule_classes_from_the_options_cost_no_build(pairs: Path, tmp_path: Path) -> None:
-    dm = LMDBDataModule(pairs, cache_dir=tmp_path / "cache", manifest={"num_classes": 6, "ignore_index": 254}, num_workers=0)
+    dm = LMDBDataModule(pairs, cache_dir=tmp_path / "cache", source_options={"num_classes": 6, "ignore_index": 254}, num_workers=0)
     assert dm.num_classes == 6 and dm.ignore_index == 254 and not (tmp_path / "cache").exists()
 
 
@@ -387,9 +387,9 @@ def test_decode_device_keeps_masks_aligned(jpeg_pairs: Path, tmp_path: Path, bac
 
 @pytest.mark.parametrize("backend", ["lmdb", "raw"])
 def test_an_images_folder_with_masks_dir_serves_pairs(pairs: Path, tmp_path: Path, backend: str) -> None:
-    """``manifest={"masks_dir": ...}`` (Hydra ``data.manifest.masks_dir``) pairs an image folder with its masks."""
+    """``source_options={"masks_dir": ...}`` (Hydra ``data.source_options.masks_dir``) pairs an image folder with its masks."""
     dm = LMDBDataModule(pairs.parent / "images", backend=backend, cache_dir=tmp_path / "cache", image_size=32, batch_size=6,
-                        num_workers=0, build_workers=0, val_fraction=0, manifest={"masks_dir": str(pairs.parent / "masks")})
+                        num_workers=0, build_workers=0, val_fraction=0, source_options={"masks_dir": str(pairs.parent / "masks")})
     assert dm.target_kind == "mask" and dm.num_classes == 4
     dm.prepare_data()
     dm.setup("fit")
@@ -438,7 +438,7 @@ def test_a_fit_gets_finished_images_and_int64_masks(jpeg_pairs: Path, tmp_path: 
 #: A coordinate mask's value at (y, x) is ``y * STRIDE + x`` (16-bit; every image narrower than STRIDE).
 STRIDE = 128
 #: Every value of a coordinate mask is a class id (none is the ignore index).
-COORDINATES = ManifestOptions(ignore_index=65535)
+COORDINATES = SourceOptions(ignore_index=65535)
 
 
 def make_coordinate_pairs(root: Path, sizes: list[tuple[int, int]], fmt: str = "png") -> Path:
@@ -602,7 +602,7 @@ def test_the_batched_decode_keeps_the_exact_geometry(coordinate_sets: dict[str, 
     """``decode_device="cpu"``: the workers crop each mask by the crop they send with the JPEG; the batch's images, decoded and
     cropped later by those crops, show the masks' points."""
     dm = LMDBDataModule(coordinate_sets["jpg"], backend=backend, cache_dir=tmp_path / "cache", image_size=12, batch_size=2,
-                        num_workers=0, build_workers=0, val_fraction=0.5, decode_device="cpu", manifest=COORDINATES)
+                        num_workers=0, build_workers=0, val_fraction=0.5, decode_device="cpu", source_options=COORDINATES)
     dm.prepare_data()
     dm.setup("fit")
     checked = []

@@ -17,15 +17,15 @@ from lightning_lmdb import LMDBDataModule, codec, decoders, decoding, sampler
 from lightning_lmdb.backends import BACKEND_CLASSES
 from lightning_lmdb.cli import build_options, make_parser
 from lightning_lmdb.datamodule import database_name
-from lightning_lmdb.dm_options import BACKENDS, manifest_options
+from lightning_lmdb.dm_options import BACKENDS, as_source_options
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 from lightning_lmdb.options import CACHE_KEY_OPTIONS, CHOICES, BuildOptions, Storage
-from lightning_lmdb.sources import ManifestOptions
+from lightning_lmdb.sources import SourceOptions
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: The DataModule's arguments named otherwise in BuildOptions.
-RENAMED = {"build_workers": "workers"}
+RENAMED = {"build_workers": "workers", "source_options": "manifest"}  # DataModule argument -> BuildOptions field
 #: Where the experiment's configs deliberately differ from the DataModule's defaults, and why.
 DELIBERATE = {
     "cache_dir": "the experiment's ${paths.cache_dir}, not the user's cache",
@@ -74,11 +74,12 @@ def test_cli_and_datamodule_defaults_are_build_options(tmp_path: Path) -> None:
     parameters = inspect.signature(LMDBDataModule.__init__).parameters
     fields = {field.name for field in dataclasses.fields(BuildOptions)}
     shared = {name: RENAMED.get(name, name) for name in parameters if RENAMED.get(name, name) in fields}
-    assert set(shared) == {"storage", "shards", "resize", "quality", "build_workers", "on_error", "on_stale", "max_pixels", "manifest"}
+    assert set(shared) == {"storage", "shards", "resize", "quality", "build_workers", "on_error", "on_stale", "max_pixels",
+                           "source_options", "manifest"}  # manifest: source_options' deprecated name
     for name, field in shared.items():
         default = parameters[name].default
-        # the DataModule's manifest default is None (plain hyper-parameters), which means BuildOptions' ManifestOptions()
-        assert (ManifestOptions.of(default) if name == "manifest" else default) == getattr(BuildOptions, field), name
+        # the DataModule's source_options default is None (plain hyper-parameters), which means BuildOptions' SourceOptions()
+        assert (SourceOptions.of(default) if field == "manifest" else default) == getattr(BuildOptions, field), name
     dm = LMDBDataModule(make_jpegs(tmp_path / "src", 2, size=8), cache_dir=tmp_path / "cache")
     assert dm.build_options == BuildOptions()
 
@@ -91,9 +92,9 @@ def test_hydra_defaults_are_the_datamodule_defaults() -> None:
     assert set(data) <= set(parameters), f"keys that are no argument: {set(data) - set(parameters)}"
     assert set(DELIBERATE) <= set(data)
     for name, value in data.items():
-        if name == "manifest":  # a node with every option unset (so that data.manifest.label_column=tags works): the default
-            assert value == {field.name: None for field in dataclasses.fields(ManifestOptions)}, value
-            assert manifest_options(value) == ManifestOptions.of(parameters[name].default)
+        if name in ("source_options", "manifest"):  # a node with every option unset (so that data.<name>.label_column=tags works)
+            assert value == {field.name: None for field in dataclasses.fields(SourceOptions)}, value
+            assert as_source_options(value) == SourceOptions.of(parameters[name].default)
         elif name not in DELIBERATE:
             assert value == parameters[name].default, f"data.{name}: {value!r} in the configs, {parameters[name].default!r} in __init__"
 

@@ -28,14 +28,14 @@ def test_the_class_count_of_a_folder_from_the_data_config_or_its_path(tmp_path: 
     assert not (tmp_path / "cache").exists(), "nothing is built to know it"
 
 
-def test_the_manifest_options_of_the_data_config_apply(tmp_path: Path) -> None:
+def test_the_source_options_of_the_data_config_apply(tmp_path: Path) -> None:
     for i in range(4):
         Image.new("RGB", (4, 4), (i, 0, 0)).save(tmp_path / f"{i}.png")
     rows = [f"{i}.png,{'ab'[i % 2]},{'wxyz'[i]}" for i in range(4)]
     (tmp_path / "labels.csv").write_text("path,alpha,brightness\n" + "\n".join(rows) + "\n")
-    data = {"train_dir": str(tmp_path / "labels.csv"), "cache_dir": str(tmp_path / "cache"), "manifest": {"label_column": "alpha"}}
+    data = {"train_dir": str(tmp_path / "labels.csv"), "cache_dir": str(tmp_path / "cache"), "source_options": {"label_column": "alpha"}}
     assert _config(data).model.output_size == 2
-    cfg = _config({**data, "manifest": {"label_column": "${oc.env:LABEL_COLUMN,brightness}", "classes": None}})
+    cfg = _config({**data, "source_options": {"label_column": "${oc.env:LABEL_COLUMN,brightness}", "classes": None}})
     assert cfg.model.output_size == 4, "interpolations inside the data config are resolved"
 
 

@@ -34,12 +34,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_a_source_kind_is_one_module(list_kind, tmp_path: Path) -> None:
-    images = tmp_path / "images"
-    images.mkdir()
-    for i in range(3):
-        Image.new("RGB", (6, 5), (40 * i, 0, 0)).save(images / f"{i}.png")
-    listing = images / "train.list"
-    listing.write_text("2.png 1\n0.png 0\n1.png 1\n")
+    listing = list_kind.write_listing(tmp_path, [(2, 1), (0, 0), (1, 1)])
+    images = listing.parent
 
     target = build_lmdb(listing, tmp_path / "out.lmdb", storage="encoded", workers=0, progress=False)
 
@@ -289,7 +285,7 @@ def _points_db(tmp_path: Path, count: int = 4) -> Path:
 
 def test_a_target_kind_is_one_registry_entry(keypoints_kind, tmp_path: Path) -> None:
     """Registered from the test alone: a Dataset of points builds, stores them as typed arrays and serves them."""
-    assert "keypoints" in sources.TARGET_KINDS and sources.ManifestOptions(target_kind="keypoints").target_kind == "keypoints"
+    assert "keypoints" in sources.TARGET_KINDS and sources.SourceOptions(target_kind="keypoints").target_kind == "keypoints"
     target = _points_db(tmp_path)
 
     meta = load_meta(target)
@@ -341,7 +337,7 @@ def test_an_unknown_target_kind_is_refused_naming_it_the_kinds_and_how_to_regist
     with pytest.raises(OptionError, match=r"target_kind='keypoints' is not one of 'class', .*'mask'.*register_target_kind"):
         targets.target_kind("keypoints")
     with pytest.raises(OptionError, match=r"target_kind='keypoints' is not one of .*\(or None to infer it\).*register_target_kind"):
-        sources.ManifestOptions(target_kind="keypoints")
+        sources.SourceOptions(target_kind="keypoints")
     assert [kind.name for kind in targets.target_kinds()] == ["class", "multilabel", "regression", "none", "mask"]
 
 

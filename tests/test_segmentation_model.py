@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from PIL import Image
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
+from trainkit import overfit_one_batch, trainer
 
 import lightning_lmdb.experiment.demo as demo
 from lightning_lmdb.errors import OptionError, SourceError
@@ -64,12 +65,6 @@ class MaskDataset(Dataset):
         return self.images[index], self.masks[index]
 
 
-def trainer(**kwargs) -> pl.Trainer:
-    options = {"accelerator": "cpu", "devices": 1, "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
-               "enable_model_summary": False, "num_sanity_val_steps": 0, **kwargs}
-    return pl.Trainer(**options)
-
-
 def fcn(**kwargs) -> ToyCNN:
     options = {"num_classes": CLASSES, "width": 4, "target_kind": "mask", "num_outputs": CLASSES, "ignore_index": IGNORE, **kwargs}
     return ToyCNN(**options)
@@ -112,23 +107,11 @@ def test_fcn_trains_with_a_trainer_and_logs_loss_and_miou() -> None:
     assert set(test) == {"test/loss", "test/miou"}
 
 
-class _Losses(pl.Callback):
-    def __init__(self) -> None:
-        self.losses: list[float] = []
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
-        self.losses.append(float(outputs["loss"]))
-
-
 def test_fcn_overfits_one_batch_with_ignored_pixels() -> None:
     pl.seed_everything(0)
     model = fcn(width=8, lr=1e-2, weight_decay=0.0)
     data = MaskDataset(count=8, seed=4)
-    losses = _Losses()
-    trainer(max_steps=30, callbacks=[losses], limit_val_batches=0).fit(model, DataLoader(data, batch_size=8))
-    assert len(losses.losses) == 30
-    assert sum(losses.losses[-5:]) / 5 < 0.5 * losses.losses[0], losses.losses
-    model.eval()
+    overfit_one_batch(model, data)
     with torch.no_grad():
         predicted = model(data.images).argmax(1)
     labelled = data.masks != IGNORE

@@ -9,12 +9,11 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ci import mount, small_tmpfs
+from ci import mount
 from imagegen import make_jpegs
 
 from lightning_lmdb import build_lmdb, shards, staging
@@ -185,16 +184,9 @@ def test_a_disk_filling_up_midway_keeps_the_copy_so_far_and_a_rerun_resumes(data
     assert _names(local) == FINISHED
 
 
-# --- a real full disk: a small tmpfs -----------------------------------------------------------------
+# --- a real full disk: a small tmpfs (the small_disk fixture of conftest.py) ---------------------------------------------
 
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 256 KiB tmpfs mounted on a fresh folder, unmounted afterwards (skipped without root, a failure on CI)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    with small_tmpfs(disk, "256k"):
-        yield disk
+SMALL_DISK = "256k"  # its size
 
 
 @pytest.mark.slow

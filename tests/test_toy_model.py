@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
+from trainkit import overfit_one_batch, trainer
 
 from lightning_lmdb.errors import OptionError, SourceError
 from lightning_lmdb.experiment.toy_model import NoOpModel, ToyCNN, _images
@@ -37,12 +38,6 @@ class TinyDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int | torch.Tensor]:
         return self.images[index], self.targets[index]
-
-
-def trainer(**kwargs) -> pl.Trainer:
-    options = {"accelerator": "cpu", "devices": 1, "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
-               "enable_model_summary": False, "num_sanity_val_steps": 0, **kwargs}
-    return pl.Trainer(**options)
 
 
 def toy(kind: str, **kwargs) -> ToyCNN:
@@ -98,24 +93,12 @@ def test_epoch_metric_matches_the_whole_validation_set(kind: str) -> None:
     assert result["val/loss"] == pytest.approx(float(loss), rel=1e-4)
 
 
-class _Losses(pl.Callback):
-    def __init__(self) -> None:
-        self.losses: list[float] = []
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx: int) -> None:
-        self.losses.append(float(outputs["loss"]))
-
-
 @pytest.mark.parametrize("kind", ["class", "multilabel", "regression"])
 def test_toy_cnn_overfits_one_batch(kind: str) -> None:
     pl.seed_everything(0)
     model = ToyCNN(num_classes=CLASSES, width=8, lr=1e-2, weight_decay=0.0, target_kind=kind, num_outputs=OUTPUTS[kind])
     data = TinyDataset(kind, count=8, seed=4)
-    losses = _Losses()
-    trainer(max_steps=30, callbacks=[losses], limit_val_batches=0).fit(model, DataLoader(data, batch_size=8))
-    assert len(losses.losses) == 30
-    assert sum(losses.losses[-5:]) / 5 < 0.5 * losses.losses[0], losses.losses
-    model.eval()
+    overfit_one_batch(model, data)
     with torch.no_grad():
         outputs = model(data.images)
     if kind == "class":  # learnt the batch, not just lowered the loss

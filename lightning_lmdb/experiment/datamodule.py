@@ -53,7 +53,7 @@ class ExperimentDataModule(LMDBDataModule):
         self.timings: dict[str, float] = {}
         # not super(): LMDBDataModule saves its own (plain) arguments as hyper-parameters, these are added below
         LMDBDataModule.__init__(self, *args, **kwargs)
-        datasets = [f"{split}_dir" for split, source in self.dirs.items() if source is not None and not isinstance(source, Path)]
+        datasets = [f"{split}_dir" for split, source in self.sources.items() if source is not None and not isinstance(source, Path)]
         if netfs_latency_ms is not None and datasets:
             raise OptionError(f"netfs_latency_ms={netfs_latency_ms} emulates network storage by mounting folders, and "
                               f"{', '.join(datasets)} {'is a Dataset' if len(datasets) == 1 else 'are Datasets'}, not a folder: leave "

@@ -4,7 +4,7 @@ A multirun directory (e.g. Hydra's ``multirun/<date>/<time>/``) holds one subdir
 with a :data:`SUMMARY_NAME` file. Runs are grouped into **arms** -- the backend plus every command-line
 override (``meta["overrides"]``, recorded by ``train.py``) and every recorded setting that differs between
 runs, but not the backend's own override (``data=``) or the repeat number (``ab.repeat=``), so
-``-m data=raw,lmdb data.manifest.label_column=alpha,brightness`` makes four arms, never two pooled ones --
+``-m data=raw,lmdb data.source_options.label_column=alpha,brightness`` makes four arms, never two pooled ones --
 and every figure is reported per arm as the
 median over its runs and the spread (half the range, ``±``), epoch 0 (cold: first pass, caches and
 workers not warmed) and later epochs (warm, or evicted each epoch with ``cold_cache``) apart.

@@ -220,7 +220,7 @@ def _mask_outputs(outputs: int, ignore_index: int) -> None:
         from lightning_lmdb.errors import SourceError
 
         raise SourceError(f"num_outputs={outputs}: the masks have no classes (no value below ignore_index={ignore_index}). "
-                          "Pass the number of classes (Hydra: data.manifest.num_classes=...), or check the masks' values.")
+                          "Pass the number of classes (Hydra: data.source_options.num_classes=...), or check the masks' values.")
 
 
 register_loss("class", lambda model, outputs, targets, stage: F.cross_entropy(outputs, targets),
@@ -237,4 +237,4 @@ register_loss("mask", _mask_loss, _mask_metric, metric_name="miou", dense=True, 
               check_outputs=_mask_outputs, uses_ignore_index=True)
 register_loss("none", None, refused="target_kind='none': the data has no labels (a flat folder, or a manifest without a label "
               "column), so there is nothing to learn. Use a folder with one subfolder per class, or a manifest with a label column "
-              "(Hydra: data.manifest.label_column=...); model=noop runs on unlabelled data.")
+              "(Hydra: data.source_options.label_column=...); model=noop runs on unlabelled data.")

@@ -8,7 +8,7 @@ flip of the image (:meth:`TargetKind.geometry`), its collate (:meth:`TargetKind.
 entries of the registry like any other; a kind of yours is one :func:`register_target_kind` call.
 
 This module imports nothing of the library but the table and plain helpers, so that :mod:`lightning_lmdb.sources` can ask the
-registry (``ManifestOptions(target_kind=...)``).
+registry (``SourceOptions(target_kind=...)``).
 """
 
 from __future__ import annotations

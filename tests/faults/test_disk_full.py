@@ -10,11 +10,10 @@ from __future__ import annotations
 import errno
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ci import mount, small_tmpfs
+from ci import mount
 from faultkit import contents, leftovers, missing_prerequisite, run_forked
 from imagegen import make_jpegs
 
@@ -22,15 +21,7 @@ from lightning_lmdb import format as fmt
 from lightning_lmdb.writer import build
 
 COUNT = 300  # 128 px noise JPEGs: about 3.3 MB, more than the disk
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs mounted on a fresh folder, unmounted afterwards (skipped without root, a failure on CI)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    with small_tmpfs(disk, "2m"):
-        yield disk
+SMALL_DISK = "2m"  # the size of the small_disk fixture's tmpfs (conftest.py)
 
 
 @pytest.mark.slow
