@@ -39,11 +39,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 import lightning_lmdb
 import lightning_lmdb.experiment  # registers the config resolvers (${lmdb_num_classes:${data}}) before Hydra composes
-from lightning_lmdb.cli import EXIT_ERROR, describe_error
-from lightning_lmdb.datamodule import default_cache_dir
+from lightning_lmdb.datamodule.module import default_cache_dir
 from lightning_lmdb.experiment.callbacks import PerfMonitor
 from lightning_lmdb.experiment.demo import SEGMENTATION_MANIFEST, make_demo_dataset, make_segmentation_demo
 from lightning_lmdb.experiment.report import SUMMARY_NAME
+from lightning_lmdb.tools.cli import EXIT_ERROR, describe_error
 
 log = logging.getLogger("train")
 

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import folder_bytes, make_jpeg_folder, make_png_folder  # noqa: E402
 
-from lightning_lmdb.codec import STORAGES  # noqa: E402
-from lightning_lmdb.writer import build  # noqa: E402
+from lightning_lmdb.build.writer import build  # noqa: E402
+from lightning_lmdb.codec.storage import STORAGES  # noqa: E402
 
 
 def main() -> None:

@@ -5,12 +5,12 @@ Usage:
                                     [--limit N] [--decode-limit N] [--latency-ms 0 0.5 2]
 
 Generates (or reuses) ``DIR/jpegs_COUNT`` of photo-like JPEGs, builds ``DIR/bench_read.lmdb`` from it
-if needed, then runs :func:`lightning_lmdb.bench.run_read_benchmark` twice in this one process: reading
+if needed, then runs :func:`lightning_lmdb.tools.bench.run_read_benchmark` twice in this one process: reading
 bytes only, and reading + decoding every sample to RGB (the end-to-end per-sample cost). "cold" passes
 run right after the files and the database were evicted from the page cache (verified with mincore);
 the ``cached`` column shows what survived eviction. Goal: LMDB never slower than raw files, cold
 shuffled reads >= 4x raw files. ``--latency-ms`` repeats it through a latency mount of each value
-(emulated network storage, :mod:`lightning_lmdb.netfs`): every lookup, open and read a round trip.
+(emulated network storage, :mod:`lightning_lmdb.tools.netfs`): every lookup, open and read a round trip.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import make_jpeg_folder  # noqa: E402
 
-from lightning_lmdb.bench import run_read_benchmark  # noqa: E402
+from lightning_lmdb.tools.bench import run_read_benchmark  # noqa: E402
 
 
 def main() -> None:

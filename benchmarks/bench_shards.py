@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import make_jpeg_folder  # noqa: E402
 
-from lightning_lmdb import shards  # noqa: E402
-from lightning_lmdb.writer import build  # noqa: E402
+from lightning_lmdb.build.writer import build  # noqa: E402
+from lightning_lmdb.store import shards  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

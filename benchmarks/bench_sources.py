@@ -34,9 +34,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import make_jpeg_folder  # noqa: E402
 
-from lightning_lmdb.dataset import LMDBImageDataset  # noqa: E402
-from lightning_lmdb.sources import SourceOptions, scan_source  # noqa: E402
-from lightning_lmdb.writer import build_lmdb  # noqa: E402
+from lightning_lmdb.build.writer import build_lmdb  # noqa: E402
+from lightning_lmdb.read.dataset import LMDBImageDataset  # noqa: E402
+from lightning_lmdb.sources.base import SourceOptions, scan_source  # noqa: E402
 
 
 class FilesDataset:

@@ -38,11 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import make_photo_folder  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from lightning_lmdb import build_lmdb, cache, envs, shards  # noqa: E402
-from lightning_lmdb import format as fmt  # noqa: E402
-from lightning_lmdb.dataset import LMDBImageDataset  # noqa: E402
-from lightning_lmdb.loadstats import touch_pages  # noqa: E402
-from lightning_lmdb.sampler import ResumableSampler  # noqa: E402
+from lightning_lmdb import build_lmdb  # noqa: E402
+from lightning_lmdb.read.dataset import LMDBImageDataset  # noqa: E402
+from lightning_lmdb.read.loadstats import touch_pages  # noqa: E402
+from lightning_lmdb.read.sampler import ResumableSampler  # noqa: E402
+from lightning_lmdb.store import envs, shards
+from lightning_lmdb.store import format as fmt  # noqa: E402
+from lightning_lmdb.tools import pagecache as cache
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import ceiling  # noqa: E402
 
-from lightning_lmdb import LMDBImageDataset, database, envs  # noqa: E402
-from lightning_lmdb import format as fmt  # noqa: E402
-from lightning_lmdb.codec import decode_record  # noqa: E402
-from lightning_lmdb.transforms import eval_transform, finish_batch  # noqa: E402
+from lightning_lmdb import LMDBImageDataset  # noqa: E402
+from lightning_lmdb.codec.storage import decode_record  # noqa: E402
+from lightning_lmdb.read.transforms import eval_transform, finish_batch  # noqa: E402
+from lightning_lmdb.store import database, envs
+from lightning_lmdb.store import format as fmt  # noqa: E402
 
 TRANSFORM = eval_transform(64)
 

@@ -56,7 +56,7 @@ the final tensors of reduced-size decoding and of the ``resize=80`` (``auto``) d
 the files.
 
 ``--latency-ms`` instead runs ImageFolder, LitData, lightning_lmdb's default path and the raw files through
-a latency mount (:mod:`lightning_lmdb.netfs`) of each value: every store is read through a fresh mount of its
+a latency mount (:mod:`lightning_lmdb.tools.netfs`) of each value: every store is read through a fresh mount of its
 folder (cold: nothing cached on the client, the disk's copies evicted), the dataset's construction is timed
 apart (``setup``: ImageFolder's scan, the database's open), and LitData's chunk copy to a local cache (what it
 does for remote storage) is timed on a fresh mount too. It writes ``peers_netfs.md`` and ``peers_netfs.json``.
@@ -144,8 +144,8 @@ def build_stores(source: Path, root: Path, workers: int, rebuild: bool, peers: b
     Returns:
         ``{store: {"path", "files", "seconds", "bytes", "disk_bytes"}}`` (see :func:`_store`); ``files`` is the source folder.
     """
-    from lightning_lmdb.folder import scan_folder
-    from lightning_lmdb.writer import build
+    from lightning_lmdb.build.writer import build
+    from lightning_lmdb.sources.folder import scan_folder
 
     root.mkdir(parents=True, exist_ok=True)
     record = root / "builds.json"
@@ -262,7 +262,7 @@ def make_loader(kind: str, options: dict[str, Any], store: dict[str, Any], worke
                    .decode("pilrgb").to_tuple("jpg;png", "cls").map_tuple(_pil_transform(), int))
         return DataLoader(dataset, **settings)
     from lightning_lmdb import LMDBImageDataset, RawImageDataset
-    from lightning_lmdb.transforms import eval_transform
+    from lightning_lmdb.read.transforms import eval_transform
 
     decoding = {"decoder": options["decoder"], "decode_size": options.get("decode_size")}
     if kind == "raw":
@@ -321,9 +321,9 @@ def measure(kind: str, options: dict[str, Any], store: dict[str, Any], workers: 
     """
     import torch
 
-    from lightning_lmdb.cache import evict, resident_fraction
-    from lightning_lmdb.envs import close_all
-    from lightning_lmdb.transforms import finish_batch
+    from lightning_lmdb.read.transforms import finish_batch
+    from lightning_lmdb.store.envs import close_all
+    from lightning_lmdb.tools.pagecache import evict, resident_fraction
 
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -365,9 +365,9 @@ def ceiling(kind: str, decoder: str | None, decode_size: int | None, store: dict
     """Samples/s of ``workers`` forked processes decoding + transforming record bytes already in memory (each by its codec)."""
     import torch
 
-    from lightning_lmdb import envs
-    from lightning_lmdb import format as fmt
-    from lightning_lmdb.database import load_meta
+    from lightning_lmdb.store import envs
+    from lightning_lmdb.store import format as fmt
+    from lightning_lmdb.store.database import load_meta
 
     if kind == "imagefolder":
         blobs = [(-1, Path(p).read_bytes()) for p in store["files"]]
@@ -383,8 +383,8 @@ def ceiling(kind: str, decoder: str | None, decode_size: int | None, store: dict
 
     from PIL import Image
 
-    from lightning_lmdb.codec import decode_record
-    from lightning_lmdb.transforms import eval_transform
+    from lightning_lmdb.codec.storage import decode_record
+    from lightning_lmdb.read.transforms import eval_transform
 
     pil_transform, tensor_transform = _pil_transform(), eval_transform(SIZE)
 
@@ -449,12 +449,12 @@ def bounds(stores: dict[str, dict[str, Any]], limit: int = 500) -> dict[str, flo
     reduced-size decoding of those bytes, and the ``resize=80`` (``auto``) store's records, each read by its codec."""
     import numpy as np
 
-    from lightning_lmdb import envs
-    from lightning_lmdb import format as fmt
-    from lightning_lmdb.codec import decode_record
-    from lightning_lmdb.database import load_meta
-    from lightning_lmdb.decoders import decode
-    from lightning_lmdb.transforms import eval_transform
+    from lightning_lmdb.codec.decoders import decode
+    from lightning_lmdb.codec.storage import decode_record
+    from lightning_lmdb.read.transforms import eval_transform
+    from lightning_lmdb.store import envs
+    from lightning_lmdb.store import format as fmt
+    from lightning_lmdb.store.database import load_meta
 
     transform = eval_transform(SIZE)
     out: dict[str, list[float]] = {"reduced": [], "resize80": []}
@@ -674,7 +674,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _mounted_store(store: dict[str, Any], latency_ms: float, mountpoint: Path) -> tuple[dict[str, Any], Any]:
     """``store`` served through a fresh latency mount (a fresh client: nothing cached); the disk's files kept for eviction."""
-    from lightning_lmdb import netfs
+    from lightning_lmdb.tools import netfs
 
     real = Path(store["path"])
     folder = real if real.is_dir() else real.parent
@@ -687,7 +687,7 @@ def _copy_cost(store: dict[str, Any], latency_ms: float, work: Path) -> dict[str
     """Seconds and MB of copying ``store``'s files to the local disk through a fresh mount, their disk copies evicted first."""
     import shutil
 
-    from lightning_lmdb.cache import evict
+    from lightning_lmdb.tools.pagecache import evict
 
     evict(store["files"], sync=True)
     mounted, mount = _mounted_store(store, latency_ms, work / "mnt")
@@ -735,7 +735,7 @@ def run_netfs(folders: dict[str, tuple[Path, str]], args: argparse.Namespace) ->
         results[folder] = {"rows": rows, "description": description, "latencies": args.latency_ms,
                            "labels": [label for label, _, _ in loaders]}
     settings = (f"{args.workers} workers, batches of {args.batch_size}; output {SIZE}x{SIZE} float (shorter side {SIDE}, centre crop); "
-                "every store read through a fresh latency mount (lightning_lmdb.netfs) of its folder.")
+                "every store read through a fresh latency mount (lightning_lmdb.tools.netfs) of its folder.")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "peers_netfs.json").write_text(json.dumps({"machine": machine(), "settings": settings, "results": results}, indent=1))
     text = netfs_report(results, machine(), settings)

@@ -11,13 +11,13 @@ Two rows of ``benchmarks/peers.py``, each loader made as there (:func:`peers.mak
   pixel records relying on their frame's checksum;
 * ``storage="decoded"`` (raw pixels: no decode to hide the check; every record checked).
 
-Off is :data:`lightning_lmdb.dataset.CHECK_RECORDS` set to ``False`` in the measuring process when the loader's persistent
+Off is :data:`lightning_lmdb.read.dataset.CHECK_RECORDS` set to ``False`` in the measuring process when the loader's persistent
 workers fork (they keep it): a benchmark-only switch. Each round is a fresh process holding both loaders, whose warm
 passes alternate on, off, off, on, ... (``--warm-passes`` of each; this machine is shared and noisy, and drifts between
 processes); a round's ratio is its median pass on over its median pass off (throughput), and the report gives each round's
 and their median. Also, per store, a single-process figure: the
 time of ``ds[i]`` over every record, on and off alternating pass by pass (no DataLoader), and the stored checksum's own time
-(:func:`lightning_lmdb.format.checksum`) over
+(:func:`lightning_lmdb.store.format.checksum`) over
 the records' bytes. Writes ``record_check.json`` and ``record_check.md`` into ``--out``.
 """
 
@@ -44,7 +44,7 @@ def _pass(loader: Any) -> float:
     """Samples/s of one pass of ``loader``, each batch finished as ``float32`` (as :func:`peers.measure` does)."""
     import torch
 
-    from lightning_lmdb.transforms import finish_batch
+    from lightning_lmdb.read.transforms import finish_batch
 
     count, started = 0, time.perf_counter()
     for images, _ in loader:
@@ -59,7 +59,7 @@ def _child(payload: dict[str, Any]) -> None:
     with the switch set), then their warm passes alternated on, off, off, on, ..."""
     import torch
 
-    from lightning_lmdb import dataset
+    from lightning_lmdb.read import dataset
 
     torch.set_num_threads(1)
     loaders = {}
@@ -85,9 +85,11 @@ def in_process(path: str, options: dict[str, Any], passes: int) -> dict[str, flo
 
     import torch
 
-    from lightning_lmdb import LMDBImageDataset, dataset, envs
-    from lightning_lmdb import format as fmt
-    from lightning_lmdb.transforms import eval_transform
+    from lightning_lmdb import LMDBImageDataset
+    from lightning_lmdb.read import dataset
+    from lightning_lmdb.read.transforms import eval_transform
+    from lightning_lmdb.store import envs
+    from lightning_lmdb.store import format as fmt
 
     torch.set_num_threads(1)
     ds = LMDBImageDataset(path, eval_transform(peers.SIZE), decoder=options["decoder"], decode_size=options.get("decode_size"))
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         _child(json.loads(sys.stdin.read()))
         return
-    from lightning_lmdb.writer import build
+    from lightning_lmdb.build.writer import build
 
     folders = {}
     if args.photos:

@@ -6,25 +6,25 @@ Usage:
 
 A real build at ImageNet size takes too long here, so the databases are **fabricated**: ImageNet-like
 paths (1000 classes ``n%08d``, ~1281 files each, ``n01440764/n01440764_10026.JPEG``), targets = class
-index, and tiny ``decoded`` records (a 1x1 RGB pixel from :func:`lightning_lmdb.codec.encode_pixels`,
+index, and tiny ``decoded`` records (a 1x1 RGB pixel from :func:`lightning_lmdb.codec.storage.encode_pixels`,
 so reading a sample costs microseconds and only the per-record metadata scales). Records go into the
 ``records`` sub-database with ``append=True``, 100,000 per transaction; the metadata is written as
 format 1 (one JSON object with every per-record list inline) or format 2
-(:func:`lightning_lmdb.format.write_meta`). A file already holding the right version and count is
+(:func:`lightning_lmdb.store.format.write_meta`). A file already holding the right version and count is
 reused. ``DIR/imagenet_N_vV.lmdb`` is the database of N records in version V.
 
 Every measurement runs in a fresh ``python -c`` subprocess (nothing cached in the measuring process;
 the database file itself is in the page cache, as it was just written or read):
 
 * open: seconds of ``LMDBImageDataset(path)`` and its peak RSS growth (``VmHWM`` after, reset just
-  before, minus ``VmRSS`` before; MB = 10**6 bytes), torch and ``lightning_lmdb.dataset`` imported first;
+  before, minus ``VmRSS`` before; MB = 10**6 bytes), torch and ``lightning_lmdb.read.dataset`` imported first;
 * pickles: ``len(pickle.dumps(...))`` of the dataset and of its 90 % training view ``ds.split(0.1, 0)[0]``
   (the unpickled view must have the same ``len`` and ``targets``: a warning is printed otherwise);
 * fork worker: growth of ``Private_Dirty`` (and ``Pss_Anon``) in ``/proc/self/smaps_rollup`` of a
   forked process reading ``--samples`` random samples of the view its parent created (mapped database
   pages are shared page cache, so RSS would mislead);
 * spawn worker: ``Pss_Anon`` of a ``spawn`` process that received the pickled view and read 1,000
-  samples, minus that of a ``spawn`` process that only imported torch and ``lightning_lmdb.dataset``.
+  samples, minus that of a ``spawn`` process that only imported torch and ``lightning_lmdb.read.dataset``.
 
 Goals (checked on the 1,281,167-record version 2 row): open < 0.1 s and < 50 MB peak; pickled dataset
 and pickled view < 1 MB; fork growth < 10 MiB over 200,000 samples; spawn worker within 20 MiB of the
@@ -50,8 +50,8 @@ import lmdb
 import numpy as np
 
 from lightning_lmdb import __version__
-from lightning_lmdb import format as fmt
-from lightning_lmdb.codec import PIXELS, encode_pixels
+from lightning_lmdb.codec.storage import PIXELS, encode_pixels
+from lightning_lmdb.store import format as fmt
 
 HERE = str(Path(__file__).resolve().parent)
 IMAGENET_TRAIN = 1_281_167
@@ -193,7 +193,7 @@ def child_open(path: str) -> None:
     """Time ``LMDBImageDataset(path)`` and its peak RSS growth (torch and the dataset module already imported)."""
     import torch  # noqa: F401
 
-    from lightning_lmdb.dataset import LMDBImageDataset
+    from lightning_lmdb.read.dataset import LMDBImageDataset
 
     try:  # reset VmHWM to the current RSS (Linux >= 4.0), so the imports' peak does not hide the open's
         with open("/proc/self/clear_refs", "w") as handle:
@@ -210,7 +210,7 @@ def child_open(path: str) -> None:
 
 def child_pickle(path: str) -> None:
     """Sizes of the pickled dataset and of its pickled 90 % view, and whether the view round-trips."""
-    from lightning_lmdb.dataset import LMDBImageDataset
+    from lightning_lmdb.read.dataset import LMDBImageDataset
 
     dataset = LMDBImageDataset(path)
     train = dataset.split(0.1, 0)[0]
@@ -223,7 +223,7 @@ def child_pickle(path: str) -> None:
 
 def child_fork(path: str, samples: int) -> None:
     """Private memory a forked worker adds while reading ``samples`` random samples of its parent's 90 % view."""
-    from lightning_lmdb.dataset import LMDBImageDataset
+    from lightning_lmdb.read.dataset import LMDBImageDataset
 
     view = LMDBImageDataset(path).split(0.1, 0)[0]
     size = len(view)  # the parent computes the view's rows and holds the targets before forking
@@ -263,10 +263,10 @@ def _spawn_reader(view: Any, samples: int, conn: Any) -> None:
 
 
 def _spawn_baseline(conn: Any) -> None:
-    """Spawn worker that only imports torch and ``lightning_lmdb.dataset``, report its memory."""
+    """Spawn worker that only imports torch and ``lightning_lmdb.read.dataset``, report its memory."""
     import torch  # noqa: F401
 
-    import lightning_lmdb.dataset  # noqa: F401
+    import lightning_lmdb.read.dataset  # noqa: F401
 
     gc.collect()
     conn.send(_smaps_kb())
@@ -276,7 +276,7 @@ def child_spawn(path: str, samples: int) -> None:
     """Memory of a spawn worker holding the 90 % view, minus that of a torch-only spawn worker."""
     import multiprocessing
 
-    from lightning_lmdb.dataset import LMDBImageDataset
+    from lightning_lmdb.read.dataset import LMDBImageDataset
 
     view = LMDBImageDataset(path).split(0.1, 0)[0]
     context = multiprocessing.get_context("spawn")

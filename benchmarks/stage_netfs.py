@@ -5,7 +5,7 @@ Usage:
 
 Builds (once) the database of the image folder SOURCE in ``--cache-dir``, then runs, alternating, ``--rounds``
 times each: ``ExperimentDataModule(netfs_latency_ms=...)`` reading the database through a fresh latency mount
-(:mod:`lightning_lmdb.netfs`), and the same with ``local_cache_dir=`` (the database copied to local disk in
+(:mod:`lightning_lmdb.tools.netfs`), and the same with ``local_cache_dir=`` (the database copied to local disk in
 ``prepare_data``, checked, then read there). Before every run the database's pages are evicted and the local
 copy deleted, so each starts as a fresh node would. Each run is 2 epochs of the training loader (2 workers,
 the default transforms, uint8 batches finished in this process), timed apart: ``stage_s`` (the staging copy,
@@ -30,9 +30,9 @@ def run_once(source: Path, cache_dir: Path, local_dir: Path | None, latency_ms: 
     """One fresh run (in this process): prepare, setup, two epochs; returns seconds per phase."""
     import torch
 
-    from lightning_lmdb import cache
     from lightning_lmdb.experiment.datamodule import ExperimentDataModule
-    from lightning_lmdb.transforms import finish_batch
+    from lightning_lmdb.read.transforms import finish_batch
+    from lightning_lmdb.tools import pagecache as cache
 
     torch.set_num_threads(1)
     datamodule = ExperimentDataModule(source, cache_dir=cache_dir, local_cache_dir=local_dir, netfs_latency_ms=latency_ms, image_size=64,

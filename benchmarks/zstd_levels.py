@@ -22,9 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import folder_bytes, make_png_folder  # noqa: E402
 
-from lightning_lmdb import codec, database, envs  # noqa: E402
-from lightning_lmdb.codec import decode_record  # noqa: E402
-from lightning_lmdb.writer import build  # noqa: E402
+from lightning_lmdb.build.writer import build  # noqa: E402
+from lightning_lmdb.codec import storage as codec  # noqa: E402
+from lightning_lmdb.codec.storage import decode_record  # noqa: E402
+from lightning_lmdb.store import database, envs
 
 
 def _decode_rate(path: Path) -> float:

@@ -6,7 +6,7 @@ exception its kind of problem always raised (``ValueError`` for bad input, ``OSE
 value or the file and say what to do. The ``lightning-lmdb`` command and ``train.py`` print these (and
 ``OSError`` / ``lmdb.Error``) as one line; anything else is a bug and shows its traceback.
 
-The classes are re-exported by the modules that raise them (e.g. ``lightning_lmdb.writer.BuildError``).
+The classes are re-exported by the modules that raise them (e.g. ``lightning_lmdb.build.writer.BuildError``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 :class:`JsonFields` gives each field of one object with its type checked; a missing field or a wrong type
 is a :class:`~lightning_lmdb.errors.DatabaseError` that names the file and the field. Re-exported by
-:mod:`lightning_lmdb.format`.
+:mod:`lightning_lmdb.store.format`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``build_lmdb``, the ``lightning-lmdb build`` command and ``LMDBDataModule`` all construct one, so a bad
 value fails the same way everywhere (at construction, naming the value and the valid choices) and a
 new option is added here only. The CLI takes its ``choices=`` from :func:`choices` (``storage``: the registered storage
-modes, :func:`lightning_lmdb.codec.register_storage_mode`; the others from their ``Literal``) and its defaults from the
+modes, :func:`lightning_lmdb.codec.storage.register_storage_mode`; the others from their ``Literal``) and its defaults from the
 class (``BuildOptions.storage`` ...), as ``LMDBDataModule``'s signature does;
 ``LMDBDataModule`` names its database files by :meth:`BuildOptions.cache_key`.
 """
@@ -15,10 +15,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from lightning_lmdb import codec
-from lightning_lmdb.codec import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
+from lightning_lmdb.codec import storage as codec
+from lightning_lmdb.codec.storage import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
 from lightning_lmdb.errors import OptionError
-from lightning_lmdb.sources import SourceOptions
+from lightning_lmdb.sources.base import SourceOptions
 
 #: The built-in storage modes (documentation and type hints: the valid values are the registry's, ``codec.STORAGE_MODES``).
 Storage = Literal["auto", "encoded", "decoded"]
@@ -55,7 +55,7 @@ class BuildOptions:
         storage: ``"auto"`` chooses per image: lossy files (JPEG, lossy WebP) and 16-bit PNGs keep their bytes,
             every other image is stored as zstd-compressed RGB pixels (about the files' size, PIL's exact pixels,
             read back many times faster than PNG); ``"encoded"`` keeps every file's original bytes;
-            ``"decoded"`` stores raw RGB pixels (no decode at read time, 4-8x larger). See :mod:`lightning_lmdb.codec`.
+            ``"decoded"`` stores raw RGB pixels (no decode at read time, 4-8x larger). See :mod:`lightning_lmdb.codec.storage`.
         workers: Reader/decoder processes; ``None`` for one per available core, ``0`` to read in-process.
         on_error: ``"raise"`` stops at the first bad file naming it; ``"skip"`` leaves bad files out and
             records them with the reason.
@@ -66,16 +66,16 @@ class BuildOptions:
         resize: Pre-resized storage: shrink every image whose shorter side is larger than this to exactly this
             (aspect kept, never upscaled, OpenCV ``INTER_AREA``), stored re-encoded (JPEG at ``quality`` for lossy
             sources; zstd pixels for lossless ones with ``"auto"``, PNG with ``"encoded"``) or as pixels (``"decoded"``). ``None``: keep
-            the original size. It changes the pixels a model sees (see :mod:`lightning_lmdb.codec`).
+            the original size. It changes the pixels a model sees (see :mod:`lightning_lmdb.codec.storage`).
         quality: JPEG quality (1-100) of the images ``resize`` re-encodes.
         commit_every: Records per write transaction (the most work a crash can lose).
         progress: Show a progress bar.
         shards: ``None``: one database file. ``K``: a sharded database, a folder of ``K`` shard files and a
-            manifest (:mod:`lightning_lmdb.shards`); each shard is built by its own process, up to ``workers``
+            manifest (:mod:`lightning_lmdb.store.shards`); each shard is built by its own process, up to ``workers``
             at a time, reading and decoding in that process.
         shard: With ``shards``: build this shard alone (``0 <= shard < shards``), e.g. one task of a job array;
             whichever build completes the last shard writes the manifest.
-        manifest: How to read a manifest source (:class:`~lightning_lmdb.sources.SourceOptions`, or a mapping of its
+        manifest: How to read a manifest source (:class:`~lightning_lmdb.sources.base.SourceOptions`, or a mapping of its
             fields); its fields may also be given by name to :meth:`replace` and ``build_lmdb`` (``label_column="tags"``).
 
     Raises:

@@ -1,6 +1,6 @@
 """Relative paths as one UTF-8 blob plus offsets (:class:`PathTable`): a database's ``meta/paths`` array, read back.
 
-Re-exported by :mod:`lightning_lmdb.format`, where callers find it.
+Re-exported by :mod:`lightning_lmdb.store.format`, where callers find it.
 """
 
 from __future__ import annotations

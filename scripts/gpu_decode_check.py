@@ -6,7 +6,7 @@
    already queued on the caller's stream had run, silently corrupting tensors the decoder never saw.
    Reductions over freshly freed "victim" tensors are queued behind a long kernel; then a batch is
    decoded, through TorchCodec directly (is this version affected?) and through
-   :meth:`lightning_lmdb.batchdecode.DeferredImages.decode` (which synchronises the stream first: must
+   :meth:`lightning_lmdb.read.batchdecode.DeferredImages.decode` (which synchronises the stream first: must
    never be). The sums are exact integers, wrong only if the decode wrote early.
 2. **Correctness**: the GPU batch equals the same batch decoded on the CPU within the JPEG bound.
 3. **Throughput** (photo-like JPEGs, 256-500 px, crop + resize to 224): the batched GPU path vs one CPU
@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from common import photo_pixels  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from lightning_lmdb.batchdecode import Collate, Deferred, defer  # noqa: E402
-from lightning_lmdb.decoders import decode  # noqa: E402
-from lightning_lmdb.transforms import train_transform  # noqa: E402
+from lightning_lmdb.codec.decoders import decode  # noqa: E402
+from lightning_lmdb.read.batchdecode import Collate, Deferred, defer  # noqa: E402
+from lightning_lmdb.read.transforms import train_transform  # noqa: E402
 
 
 def jpegs(count: int, seed: int = 0) -> list[bytes]:

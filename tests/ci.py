@@ -63,7 +63,7 @@ def small_tmpfs(disk: Path, size: str) -> Iterator[Path]:
 def honours_eviction(folder: Path) -> bool:
     """Whether files in ``folder`` leave the page cache when evicted (``posix_fadvise(DONTNEED)``): not on tmpfs, nor on some
     network and FUSE filesystems."""
-    from lightning_lmdb.cache import evict, resident_fraction
+    from lightning_lmdb.tools.pagecache import evict, resident_fraction
 
     probe = folder / "fadvise-probe.bin"
     probe.write_bytes(os.urandom(1 << 20))

@@ -27,7 +27,7 @@ def list_kind():
     """The "list" source kind of ``seamkit`` (a ``.list`` file of ``path class`` lines), registered first, removed after the test."""
     import seamkit
 
-    from lightning_lmdb import sources
+    from lightning_lmdb.sources import base as sources
 
     seamkit.CALLS.clear()
     sources.register_source_kind(seamkit, before="manifest")

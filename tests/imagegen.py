@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from lightning_lmdb import envs
-from lightning_lmdb import format as fmt
+from lightning_lmdb.store import envs
+from lightning_lmdb.store import format as fmt
 
 #: (file name stem, PIL mode, extension) of the mixed-mode images in each class folder.
 MODE_FILES = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_lmdb import decoders
+from lightning_lmdb.codec import decoders
 
 
 def _negative(data: bytes | memoryview, info: object, decode_size: int | None) -> object:

@@ -12,7 +12,7 @@ from typing import Any
 
 from PIL import Image
 
-from lightning_lmdb.sources import SourceFile, SourceOptions, SourceScan
+from lightning_lmdb.sources.base import SourceFile, SourceOptions, SourceScan
 
 NAME = "list"
 DESCRIPTION = "a .list file of 'relative-path class-index' lines"

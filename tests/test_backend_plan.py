@@ -1,4 +1,6 @@
-"""A backend is made from a :class:`~lightning_lmdb.dm_plan.DataPlan` alone: it never sees, imports or calls back into the DataModule."""
+"""A backend is made from a :class:`~lightning_lmdb.datamodule.plan.DataPlan` alone.
+
+It never sees, imports or calls back into the DataModule."""
 
 from __future__ import annotations
 
@@ -12,15 +14,16 @@ from imagegen import make_folder
 from test_masks_serve import make_pairs
 from torch.utils.data import DataLoader
 
-from lightning_lmdb import backends, transforms
-from lightning_lmdb.datamodule import LMDBDataModule
-from lightning_lmdb.dm_plan import DataPlan
+from lightning_lmdb.datamodule import backends
+from lightning_lmdb.datamodule.module import LMDBDataModule
+from lightning_lmdb.datamodule.plan import DataPlan
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.read import transforms
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_lmdb"
 #: The DataModule's own modules: below them, a backend may import none (not even for typing, not inside a function).
-DATAMODULE_SIDE = {"datamodule", "dm_targets", "dm_loaders", "experiment"}
+DATAMODULE_SIDE = {"datamodule.module", "datamodule.labels", "datamodule.loaders", "experiment"}
 
 
 def _imported(tree: ast.AST) -> set[str]:
@@ -32,13 +35,14 @@ def _imported(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
             names |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name.split(".")[1] for name in names if name.startswith("lightning_lmdb.")}
+    return {".".join(name.split(".")[1:3]) for name in names if name.startswith("lightning_lmdb.")} | {
+        name.split(".")[1] for name in names if name.startswith("lightning_lmdb.")}
 
 
-@pytest.mark.parametrize("module", ["backends.py", "dm_plan.py"])
+@pytest.mark.parametrize("module", ["datamodule/backends.py", "datamodule/plan.py"])
 def test_the_backends_do_not_reference_the_datamodule(module: str) -> None:
     tree = ast.parse((PACKAGE / module).read_text(encoding="utf-8"))
-    assert not _imported(tree) & DATAMODULE_SIDE, "an upward import (a cycle with datamodule.py)"
+    assert not _imported(tree) & DATAMODULE_SIDE, "an upward import (a cycle with datamodule/module.py)"
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     assert "LMDBDataModule" not in names and "dm" not in names | attributes, "a backend reaches into the DataModule"
@@ -89,6 +93,6 @@ def test_the_old_backend_class_name_warns_and_is_the_new_class() -> None:
     assert old is backends.ServingBackend
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        from lightning_lmdb.backends import LMDBBackend, ServingBackend  # noqa: F401 (the new names never warn)
+        from lightning_lmdb.datamodule.backends import LMDBBackend, ServingBackend  # noqa: F401 (the new names never warn)
     with pytest.raises(AttributeError):
         backends.NoSuchName  # noqa: B018

@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from lightning_lmdb import LMDBDataModule, LMDBImageDataset, RawImageDataset, build_lmdb
-from lightning_lmdb.batchdecode import Collate, Deferred, DeferredImages, defer
-from lightning_lmdb.decoders import decode
-from lightning_lmdb.transforms import ResizedCrop, eval_transform, finish_batch, train_transform
+from lightning_lmdb.codec.decoders import decode
+from lightning_lmdb.read.batchdecode import Collate, Deferred, DeferredImages, defer
+from lightning_lmdb.read.transforms import ResizedCrop, eval_transform, finish_batch, train_transform
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_deferred_records_are_the_colour_and_grey_jpegs_only(mixed: tuple[Path, 
         kinds = {Path(p).name: isinstance(dataset[i][0], Deferred) for i, p in enumerate(dataset.paths)}
         assert kinds["05.jpg"] is False and kinds["06.jpg"] is False, "CMYK and EXIF-rotated JPEGs decode on the CPU"
         assert kinds["02.jpg"] is True and kinds["00.jpg"] is True and kinds["03.png"] is False
-    with pytest.raises(ValueError, match="defer_jpeg=True needs a lightning_lmdb.transforms.ResizedCrop"):
+    with pytest.raises(ValueError, match="defer_jpeg=True needs a lightning_lmdb.read.transforms.ResizedCrop"):
         LMDBImageDataset(db, v2.ToImage()).set_decoding(defer_jpeg=True)
 
 
@@ -227,7 +227,7 @@ def test_decode_device_cuda_is_refused_without_a_gpu_and_custom_transforms_are_r
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="decode_device='cuda' needs a CUDA GPU"):
             LMDBDataModule(source, cache_dir=tmp_path, decode_device="cuda")
-    with pytest.raises(ValueError, match="must be lightning_lmdb.transforms.ResizedCrop"):
+    with pytest.raises(ValueError, match="must be lightning_lmdb.read.transforms.ResizedCrop"):
         LMDBDataModule(source, cache_dir=tmp_path, decode_device="cpu", train_transform=v2.ToImage())
     with pytest.raises(ValueError, match="finish_on_device=True"):
         LMDBDataModule(source, cache_dir=tmp_path, decode_device="cpu", finish_on_device=False)

@@ -17,10 +17,10 @@ import pytest
 from ci import require
 from PIL import Image
 
-from lightning_lmdb import netfs
-from lightning_lmdb.bench import REGIMES, STORAGES, run_read_benchmark
-from lightning_lmdb.cli import main
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb.build.writer import build_lmdb
+from lightning_lmdb.tools import netfs
+from lightning_lmdb.tools.bench import REGIMES, STORAGES, run_read_benchmark
+from lightning_lmdb.tools.cli import main
 
 
 @pytest.fixture

@@ -20,13 +20,16 @@ from ci import require
 from imagegen import make_jpegs
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lightning_lmdb import LMDBDataModule, blockread, build_lmdb, cache, envs, shards
-from lightning_lmdb import database as databases
-from lightning_lmdb import format as fmt
-from lightning_lmdb.datamodule import choose_shuffle
-from lightning_lmdb.dataset import LMDBImageDataset
-from lightning_lmdb.sampler import DEFAULT_BLOCK_SIZE, ResumableDataLoader, ResumableSampler
-from lightning_lmdb.transforms import eval_transform
+from lightning_lmdb import LMDBDataModule, build_lmdb
+from lightning_lmdb.datamodule.module import choose_shuffle
+from lightning_lmdb.read import blockread
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.read.sampler import DEFAULT_BLOCK_SIZE, ResumableDataLoader, ResumableSampler
+from lightning_lmdb.read.transforms import eval_transform
+from lightning_lmdb.store import database as databases
+from lightning_lmdb.store import envs, shards
+from lightning_lmdb.store import format as fmt
+from lightning_lmdb.tools import pagecache as cache
 
 # --- the order -------------------------------------------------------------------------------------------
 
@@ -375,7 +378,7 @@ def test_datamodule_chooses_block_shuffle_when_the_data_does_not_fit(tmp_path: P
     dm = LMDBDataModule(source, **common)
     dm.setup("fit")
     assert dm.shuffle is None and dm.train_shuffle is True and dm.train_dataloader().sampler.shuffle is True, "fits: exact shuffle"
-    monkeypatch.setattr("lightning_lmdb.datamodule.available_memory", lambda: 1000)  # smaller than any database
+    monkeypatch.setattr("lightning_lmdb.datamodule.module.available_memory", lambda: 1000)  # smaller than any database
     for shuffle, readahead in ((None, None), ("block", None), ("block", True)):
         dm = LMDBDataModule(source, shuffle=shuffle, readahead=readahead, **common)
         dm.setup("fit")

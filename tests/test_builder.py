@@ -16,11 +16,13 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import pil_loader
 
-from lightning_lmdb import envs, filebuild, writer
-from lightning_lmdb import format as fmt
-from lightning_lmdb.codec import decode_pixels
-from lightning_lmdb.folder import NO_TARGET, scan_folder
-from lightning_lmdb.writer import BuildError, StaleDatabaseError, build, build_lmdb
+from lightning_lmdb.build import onefile as filebuild
+from lightning_lmdb.build import writer
+from lightning_lmdb.build.writer import BuildError, StaleDatabaseError, build, build_lmdb
+from lightning_lmdb.codec.storage import decode_pixels
+from lightning_lmdb.sources.folder import NO_TARGET, scan_folder
+from lightning_lmdb.store import envs
+from lightning_lmdb.store import format as fmt
 
 
 def test_scan_equals_imagefolder(image_folder: Path) -> None:
@@ -147,7 +149,7 @@ def test_a_discarded_partial_build_says_why(tmp_path: Path, caplog: pytest.LogCa
 
     def discarded() -> str:
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="lightning_lmdb.filebuild"), pytest.raises(BuildError, match="a_text.jpg"):
+        with caplog.at_level(logging.INFO, logger="lightning_lmdb.build.onefile"), pytest.raises(BuildError, match="a_text.jpg"):
             build_lmdb(source, target, workers=0, progress=False, **options)
         return next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Discarding"))
 
@@ -297,7 +299,7 @@ def test_skipped_files_are_counted_in_words(tmp_path: Path, caplog: pytest.LogCa
     source = make_jpegs(tmp_path / "src", 4)
     for i in range(bad):
         (source / "c0" / f"bad_{i}.jpg").write_bytes(b"not a jpeg")
-    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.filebuild"):
+    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.build.onefile"):
         build(source, tmp_path / "out.lmdb", workers=0, progress=False, on_error="skip")
     assert f"Skipped {bad} bad {'file' if bad == 1 else 'files'} while building" in caplog.text
     for path in (source / "c0").glob("bad_*.jpg"):

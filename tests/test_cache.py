@@ -10,7 +10,7 @@ from pathlib import Path
 import ci
 import pytest
 
-from lightning_lmdb.cache import evict, evict_tree, resident_fraction
+from lightning_lmdb.tools.pagecache import evict, evict_tree, resident_fraction
 
 SIZE = 4 << 20  # a few MB: many pages, quick to write
 

@@ -11,9 +11,11 @@ import pytest
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-from lightning_lmdb import build_lmdb, database, folder, manifest
-from lightning_lmdb.dataset import LMDBImageDataset
-from lightning_lmdb.rawdataset import RawImageDataset
+from lightning_lmdb import build_lmdb
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.read.raw import RawImageDataset
+from lightning_lmdb.sources import folder, manifest
+from lightning_lmdb.store import database
 
 #: Names whose case-insensitive order differs from their code-point order (and one beyond ASCII).
 NAMES = ["b", "B", "a", "A", "é", "Z"]

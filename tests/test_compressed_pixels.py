@@ -15,12 +15,15 @@ from imagegen import encode, make_folder, make_image, photo, read_records, save_
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, cli, codec, database, envs
-from lightning_lmdb import format as fmt
-from lightning_lmdb.codec import JPEG, PNG, ZSTD_PIXELS, decode_record, encode_record
-from lightning_lmdb.format import DatabaseError
-from lightning_lmdb.verify import describe_lmdb, verify_lmdb
-from lightning_lmdb.writer import build
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb
+from lightning_lmdb.build.writer import build
+from lightning_lmdb.codec import storage as codec
+from lightning_lmdb.codec.storage import JPEG, PNG, ZSTD_PIXELS, decode_record, encode_record
+from lightning_lmdb.store import database, envs
+from lightning_lmdb.store import format as fmt
+from lightning_lmdb.store.format import DatabaseError
+from lightning_lmdb.tools import cli
+from lightning_lmdb.tools.verify import describe_lmdb, verify_lmdb
 
 TENSOR_DECODERS = ("opencv", "torchcodec", "auto")
 
@@ -216,7 +219,7 @@ def test_the_datamodule_replaces_the_old_defaults_cached_copy(mixed_folder: Path
     assert old_path.exists()
 
     new = LMDBDataModule(mixed_folder, cache_dir=cache, num_workers=0, val_fraction=0)
-    with caplog.at_level(logging.INFO, logger="lightning_lmdb.backends"):
+    with caplog.at_level(logging.INFO, logger="lightning_lmdb.datamodule.backends"):
         new.prepare_data()
 
     assert new.database_path("train") != old_path and new.database_path("train").exists()

@@ -23,13 +23,17 @@ import pytest
 from imagegen import make_image, photo, read_records
 from PIL import Image
 
-from lightning_lmdb import LMDBImageDataset, blockread, codec, database, envs, masks
-from lightning_lmdb import format as fmt
-from lightning_lmdb.batchdecode import Deferred
+from lightning_lmdb import LMDBImageDataset
+from lightning_lmdb.build.writer import BuildError, build
+from lightning_lmdb.codec import storage as codec
 from lightning_lmdb.errors import DatabaseError, LightningLMDBError, RecordError
-from lightning_lmdb.transforms import ResizedCrop
-from lightning_lmdb.verify import verify_lmdb
-from lightning_lmdb.writer import BuildError, build
+from lightning_lmdb.read import blockread
+from lightning_lmdb.read.batchdecode import Deferred
+from lightning_lmdb.read.transforms import ResizedCrop
+from lightning_lmdb.sources import masks
+from lightning_lmdb.store import database, envs
+from lightning_lmdb.store import format as fmt
+from lightning_lmdb.tools.verify import verify_lmdb
 
 
 def _source(root: Path) -> Path:

@@ -16,11 +16,12 @@ import pytest
 import torch
 from imagegen import make_folder, make_jpegs
 
-from lightning_lmdb import LMDBDataModule, database
-from lightning_lmdb.dm_options import is_database
+from lightning_lmdb import LMDBDataModule
+from lightning_lmdb.build.writer import build_lmdb
+from lightning_lmdb.datamodule.options import is_database
 from lightning_lmdb.errors import DatabaseError, OptionError, SourceError
-from lightning_lmdb.transforms import eval_transform
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb.read.transforms import eval_transform
+from lightning_lmdb.store import database
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,7 +167,7 @@ def test_two_given_databases_of_one_name_cannot_share_local_cache_dir(tmp_path: 
 def test_train_py_serves_a_database_without_building(tmp_path: Path) -> None:
     source = make_jpegs(tmp_path / "src", 12, size=16, classes=3)
     db = tmp_path / "dbs" / "x.lmdb"
-    built = subprocess.run([sys.executable, "-m", "lightning_lmdb.cli", "build", str(source), str(db), "--workers", "0"], cwd=ROOT,
+    built = subprocess.run([sys.executable, "-m", "lightning_lmdb.tools.cli", "build", str(source), str(db), "--workers", "0"], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)  # as a user would: the CLI
     assert built.returncode == 0 and db.is_file(), built.stderr[-2000:]
     before, cache = _state(db), tmp_path / "cache"

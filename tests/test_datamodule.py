@@ -22,12 +22,13 @@ from hydra.utils import instantiate
 from imagegen import make_jpegs
 from omegaconf import OmegaConf
 
-from lightning_lmdb import LMDBDataModule, envs, shards
-from lightning_lmdb import backends as dm_module  # the LMDB backend's builds
-from lightning_lmdb.datamodule import DEFAULT_VAL_FRACTION
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb import LMDBDataModule
+from lightning_lmdb.datamodule import backends as dm_module  # the LMDB backend's builds
+from lightning_lmdb.datamodule.module import DEFAULT_VAL_FRACTION
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
-from lightning_lmdb.transforms import ResizedCrop, eval_transform
+from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.read.transforms import ResizedCrop, eval_transform
+from lightning_lmdb.store import envs, shards
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -528,7 +529,7 @@ def test_on_stale_ignore_checks_for_images_at_prepare_data_not_construction(tmp_
 @pytest.fixture
 def read_only_dir(tmp_path: Path):
     """An existing folder on a read-only file system (behind a netfs mount: writes fail with EROFS, even for root)."""
-    from lightning_lmdb import netfs
+    from lightning_lmdb.tools import netfs
 
     try:
         netfs.check_available()
@@ -542,7 +543,7 @@ def read_only_dir(tmp_path: Path):
 @pytest.mark.slow
 @pytest.mark.parametrize("below", [False, True], ids=["the-folder", "a-folder-to-create-in-it"])
 def test_a_read_only_cache_dir_is_named_with_the_fix(tmp_path: Path, read_only_dir: Path, below: bool) -> None:
-    from lightning_lmdb.datamodule import CacheDirError
+    from lightning_lmdb.datamodule.module import CacheDirError
 
     cache_dir = read_only_dir / "sub" / "cache" if below else read_only_dir
     dm = LMDBDataModule(make_jpegs(tmp_path / "src", 4, size=8), cache_dir=cache_dir, build_workers=0)

@@ -22,12 +22,16 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_lmdb import LMDBDataModule, datasource, fsops, netfs, sources
+from lightning_lmdb import LMDBDataModule
+from lightning_lmdb.build.writer import build_lmdb
 from lightning_lmdb.errors import BuildError, OptionError, SourceError, StaleDatabaseError
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
-from lightning_lmdb.rawdataset import SourceDataset
-from lightning_lmdb.transforms import eval_transform
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb.read.raw import SourceDataset
+from lightning_lmdb.read.transforms import eval_transform
+from lightning_lmdb.sources import base as sources
+from lightning_lmdb.sources import dataset as datasource
+from lightning_lmdb.store import fsops
+from lightning_lmdb.tools import netfs
 
 SIZE = 8
 

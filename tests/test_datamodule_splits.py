@@ -12,8 +12,8 @@ import torch
 from imagegen import make_jpegs
 
 from lightning_lmdb import LMDBDataModule
-from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler
-from lightning_lmdb.transforms import eval_transform
+from lightning_lmdb.read.sampler import ResumableDataLoader, ResumableSampler
+from lightning_lmdb.read.transforms import eval_transform
 
 
 class Recorder(pl.LightningModule):
@@ -233,7 +233,7 @@ def test_a_test_class_the_training_split_lacks_is_named(tmp_path: Path, backend:
 
 
 def test_manifests_and_given_databases_are_mapped_or_refused(tmp_path: Path) -> None:
-    from lightning_lmdb.writer import build_lmdb
+    from lightning_lmdb.build.writer import build_lmdb
 
     images = _named_folder(tmp_path / "images", TRAIN_CLASSES, per_class=1)
     rows = [(f"{name}/0.png", name) for name in TRAIN_CLASSES]
@@ -266,7 +266,7 @@ def test_manifests_and_given_databases_are_mapped_or_refused(tmp_path: Path) -> 
 
 def test_a_folder_scan_maps_its_class_folders_through_given_classes(tmp_path: Path) -> None:
     from lightning_lmdb.errors import SourceError
-    from lightning_lmdb.sources import SourceOptions, labels_of, scan_source
+    from lightning_lmdb.sources.base import SourceOptions, labels_of, scan_source
 
     source = _named_folder(tmp_path / "test", ("animals", "places"), per_class=2)
     options = SourceOptions(classes=TRAIN_CLASSES)

@@ -15,13 +15,14 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
-from lightning_lmdb import blockread, envs, shards
-from lightning_lmdb import dataset as ds_module
-from lightning_lmdb import format as fmt
-from lightning_lmdb.codec import STORAGES
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset, auto_readahead
-from lightning_lmdb.transforms import eval_transform, train_transform
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb.build.writer import build_lmdb
+from lightning_lmdb.codec.storage import STORAGES
+from lightning_lmdb.read import blockread
+from lightning_lmdb.read import dataset as ds_module
+from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset, auto_readahead
+from lightning_lmdb.read.transforms import eval_transform, train_transform
+from lightning_lmdb.store import envs, shards
+from lightning_lmdb.store import format as fmt
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +150,7 @@ def test_a_decode_warning_is_printed_once_not_once_per_image(tmp_path: Path) -> 
     from imagegen import make_image
     from PIL import Image
 
-    from lightning_lmdb.decoders import decode_pil
+    from lightning_lmdb.codec.decoders import decode_pil
 
     rng = np.random.default_rng(0)
     for i in range(5):

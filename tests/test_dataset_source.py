@@ -1,4 +1,4 @@
-"""A map-style dataset as a source (:mod:`lightning_lmdb.datasource`): ``build_lmdb(dataset, target, version=...)``.
+"""A map-style dataset as a source (:mod:`lightning_lmdb.sources.dataset`): ``build_lmdb(dataset, target, version=...)``.
 
 Every sample a built database serves is the source's image converted to RGB and its target as the kind serves it; pixel
 inputs are stored losslessly in every storage mode; bad samples follow ``on_error``; the database is rebuilt when the
@@ -22,11 +22,12 @@ import torch
 from imagegen import read_records
 from PIL import Image
 
-from lightning_lmdb import datasource, sources
-from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb.build.readers import find_bad_files
+from lightning_lmdb.build.writer import FAULT_ENV, build, build_lmdb
 from lightning_lmdb.errors import BuildError, OptionError
-from lightning_lmdb.readers import find_bad_files
-from lightning_lmdb.writer import FAULT_ENV, build, build_lmdb
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.sources import base as sources
+from lightning_lmdb.sources import dataset as datasource
 
 STORAGES = ["auto", "encoded", "decoded"]
 
@@ -339,7 +340,7 @@ def test_a_killed_build_resumes_with_the_committed_targets(tmp_path: Path, monke
     target = tmp_path / "out.lmdb"
     script = textwrap.dedent(f"""
         from killable_dataset import Killable
-        from lightning_lmdb.writer import build
+        from lightning_lmdb.build.writer import build
         build(Killable(), {str(target)!r}, workers={workers}, commit_every=3, progress=False, version="a")
     """)
     path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])

@@ -22,10 +22,10 @@ from imagegen import (
 )
 from PIL import Image
 
-from lightning_lmdb.decoders import DECODERS, ImageDecodeError, choose, decode, decode_pil, reduction
+from lightning_lmdb.codec.decoders import DECODERS, ImageDecodeError, choose, decode, decode_pil, reduction
+from lightning_lmdb.codec.imageinfo import read_info
 from lightning_lmdb.errors import BuildError
-from lightning_lmdb.imageinfo import read_info
-from lightning_lmdb.transforms import eval_transform
+from lightning_lmdb.read.transforms import eval_transform
 
 CASES = image_cases()
 #: Images whose RGB pixels are known from how they were made (tests/imagegen.py).
@@ -213,7 +213,7 @@ def test_importing_the_decoders_leaves_the_warning_filters_alone() -> None:
     import runpy
     import warnings
 
-    import lightning_lmdb.decoders as decoders
+    import lightning_lmdb.codec.decoders as decoders
 
     with warnings.catch_warnings():
         before = list(warnings.filters)
@@ -224,7 +224,7 @@ def test_importing_the_decoders_leaves_the_warning_filters_alone() -> None:
 def test_a_decode_silences_only_pillows_own_bomb_warning_with_one_filter(monkeypatch: pytest.MonkeyPatch) -> None:
     import warnings
 
-    from lightning_lmdb.decoders import decode_pil
+    from lightning_lmdb.codec.decoders import decode_pil
 
     buffer = io.BytesIO()
     Image.new("RGB", (20, 20), (1, 2, 3)).save(buffer, format="PNG")
@@ -245,7 +245,7 @@ def _noise_png(side: int = 100) -> bytes:
 
 def test_max_pixels_none_lifts_pillows_limit_for_that_image_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 14000 x 14000 PNG with max_pixels=None, scaled down: Pillow's limit lowered to 64 x 64 (it refuses over twice that)."""
-    import lightning_lmdb.decoders as decoders
+    import lightning_lmdb.codec.decoders as decoders
 
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 64)
     monkeypatch.setattr(decoders, "HARD_MAX_PIXELS", 2 * 64 * 64)
@@ -269,8 +269,8 @@ def test_max_pixels_none_lifts_pillows_limit_for_that_image_only(monkeypatch: py
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_build_with_max_pixels_none_takes_an_image_over_pillows_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                         workers: int) -> None:
-    from lightning_lmdb.dataset import LMDBImageDataset
-    from lightning_lmdb.writer import build_lmdb
+    from lightning_lmdb.build.writer import build_lmdb
+    from lightning_lmdb.read.dataset import LMDBImageDataset
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "big.png").write_bytes(_noise_png())

@@ -2,7 +2,7 @@
 
 ``LMDBDataModule`` with its defaults (``decoder="auto"``, ``decode_size="auto"``, the evaluation transform)
 decodes a JPEG much larger than the transform needs at 1/2, 1/4 or 1/8 scale in the DCT domain, then resizes
-(:mod:`lightning_lmdb.decoders`). ``ImageFolder`` decodes every pixel with PIL and resizes from there. The
+(:mod:`lightning_lmdb.codec.decoders`). ``ImageFolder`` decodes every pixel with PIL and resizes from there. The
 other tests use images of at most 48 px, where no reduction applies; here the images are 256 to 640 px.
 
 **Tolerance.** A PNG takes the same route in both (a full decode, then an antialiased bilinear resize: torch's
@@ -34,9 +34,11 @@ from imagegen import photo
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
-from lightning_lmdb import LMDBDataModule, codec, decoders
-from lightning_lmdb.imageinfo import read_info
-from lightning_lmdb.transforms import eval_transform, train_transform
+from lightning_lmdb import LMDBDataModule
+from lightning_lmdb.codec import decoders
+from lightning_lmdb.codec import storage as codec
+from lightning_lmdb.codec.imageinfo import read_info
+from lightning_lmdb.read.transforms import eval_transform, train_transform
 
 #: (class, file, (width, height), PIL mode): JPEGs from 256 px up, portrait and landscape, one grey; two PNGs.
 FILES = [

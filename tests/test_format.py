@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from imagegen import downgrade_to_v1, make_folder, make_jpegs, read_records
 
-from lightning_lmdb import LMDBDataModule, database, envs
-from lightning_lmdb import format as fmt
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb import LMDBDataModule
+from lightning_lmdb.build.writer import build
 from lightning_lmdb.options import CHOICES, BuildOptions
-from lightning_lmdb.sources import TARGET_KINDS
-from lightning_lmdb.verify import describe_lmdb, verify_lmdb
-from lightning_lmdb.writer import build
+from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.sources.base import TARGET_KINDS
+from lightning_lmdb.store import database, envs
+from lightning_lmdb.store import format as fmt
+from lightning_lmdb.tools.verify import describe_lmdb, verify_lmdb
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_v1_databases_are_still_read_and_rebuilt_in_v2(
     assert verify_lmdb(v1, source).ok
     assert build(source, v1, on_stale="ignore", workers=0, progress=False).action == "up-to-date"
     assert database.load_meta(v1).version == 1
-    with caplog.at_level(logging.INFO, logger="lightning_lmdb.writer"):
+    with caplog.at_level(logging.INFO, logger="lightning_lmdb.build.writer"):
         report = build(source, v1, storage="encoded", workers=0, progress=False)
     assert report.action == "built" and "format version 1" in caplog.text
     assert database.load_meta(v1).version == 2
@@ -154,7 +155,7 @@ def test_build_options_validate_once_everywhere(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="workers=-1"):
         BuildOptions(workers=-1)
     assert BuildOptions().content() == {"storage": "auto", "max_pixels": 89_478_485}
-    from lightning_lmdb.cli import make_parser
+    from lightning_lmdb.tools.cli import make_parser
 
     build_parser = make_parser()._subparsers._group_actions[0].choices["build"]  # type: ignore[union-attr]
     choices = {a.dest: tuple(a.choices) for a in build_parser._actions if a.choices}

@@ -9,10 +9,10 @@ import numpy as np
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-from lightning_lmdb import database
-from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb.build.writer import build
 from lightning_lmdb.options import BuildOptions
-from lightning_lmdb.writer import build
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.store import database
 
 COUNT = 1234
 

@@ -16,15 +16,15 @@ import torch
 from imagegen import SleepyTransform, make_jpegs
 from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 
-from lightning_lmdb import codec
-from lightning_lmdb import dataset as dataset_module
-from lightning_lmdb import rawdataset as rawdataset_module
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.build.writer import build_lmdb
+from lightning_lmdb.codec import storage as codec
 from lightning_lmdb.experiment.callbacks import PerfMonitor, cpu_ticks, loader_stats_of, usable_cpus
 from lightning_lmdb.experiment.toy_model import NoOpModel
-from lightning_lmdb.loadstats import LoaderStats
-from lightning_lmdb.transforms import eval_transform
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb.read import dataset as dataset_module
+from lightning_lmdb.read import raw as rawdataset_module
+from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.read.loadstats import LoaderStats
+from lightning_lmdb.read.transforms import eval_transform
 
 IMAGES, BATCH = 48, 8
 #: The known delay the fits' transform adds to every sample: the loader's transform time per sample is at least this.
@@ -108,7 +108,7 @@ def test_noop_model_leaves_the_cpu_to_the_loader_while_it_trains() -> None:
 
 
 STAGE_SLEEP_S, STAGE_SAMPLES = 0.05, 5
-#: Where each stage's known delay goes: (module attribute of lightning_lmdb.dataset for LMDB, for raw files); None: the
+#: Where each stage's known delay goes: (module attribute of lightning_lmdb.read.dataset for LMDB, for raw files); None: the
 #: LMDB dataset's record codecs' decode.
 STAGE_CALLS = {"read": ("touch_pages", "read_file"), "decode": (None, "decode")}
 
@@ -265,7 +265,7 @@ def test_workers_started_before_fit_start_are_counted(data) -> None:
 
 
 def test_datamodule_with_persistent_workers_and_validation(data, tmp_path) -> None:
-    from lightning_lmdb.datamodule import LMDBDataModule
+    from lightning_lmdb.datamodule.module import LMDBDataModule
 
     dm = LMDBDataModule(data[0], val_fraction=0.25, cache_dir=tmp_path, build_workers=0, image_size=16, batch_size=BATCH,
                         num_workers=2, persistent_workers=True, train_transform=SleepyTransform(eval_transform(16), TRANSFORM_SLEEP_S))

@@ -14,10 +14,11 @@ import pytest
 from imagegen import make_folder
 from PIL import Image
 
-from lightning_lmdb import manifest, sources
 from lightning_lmdb.errors import OptionError, SourceError
-from lightning_lmdb.folder import scan_folder
-from lightning_lmdb.sources import NO_TARGET, SourceOptions, SourceScan
+from lightning_lmdb.sources import base as sources
+from lightning_lmdb.sources import manifest
+from lightning_lmdb.sources.base import NO_TARGET, SourceOptions, SourceScan
+from lightning_lmdb.sources.folder import scan_folder
 
 FORMATS = ["csv", "tsv", "jsonl"]
 
@@ -125,13 +126,13 @@ def test_csv_class_indices_are_cells_written_as_indices(images: Path, caplog: py
     for i, path in enumerate(paths):
         make_image(images / path, i % 3)
     rows = [{"path": p, "label": label} for p, label in zip(paths, labels)]
-    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.manifest"):
+    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.sources.manifest"):
         result = scan(write_manifest(images / "m.csv", rows))
     assert result.target_kind == "class" and result.classes == sorted(labels) and not result.special
     assert [result.classes[f.target] for f in result.files] == labels, "every cell its own class, named as written"
     assert "is read as class names, not indices" not in caplog.text, "1_1 and \u0663 are names: nothing to warn about"
     rows = [{"path": "a.png", "label": "-1"}, {"path": "b.jpg", "label": "0"}, {"path": "d.jpg", "label": "2"}]
-    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.manifest"):
+    with caplog.at_level(logging.WARNING, logger="lightning_lmdb.sources.manifest"):
         signed = scan(write_manifest(images / "s.csv", rows))
     assert signed.classes == ["-1", "0", "2"] and [f.target for f in signed.files] == [0, 1, 2]
     assert "'label' is read as class names, not indices: line 2's '-1'" in caplog.text
@@ -301,7 +302,7 @@ def test_metadata_wins_over_class_subfolders(tmp_path: Path, caplog: pytest.LogC
     relpaths = [f.relpath for f in scan_folder(folder).files]
     write_manifest(folder / "metadata.csv", [{"file_name": p, "label": "pet"} for p in relpaths])
     assert sources.kind_of(folder) is manifest
-    with caplog.at_level(logging.INFO, logger="lightning_lmdb.manifest"):
+    with caplog.at_level(logging.INFO, logger="lightning_lmdb.sources.manifest"):
         result = sources.scan_source(folder)
     assert result.classes == ["pet"] and [f.relpath for f in result.files] == relpaths
     assert "metadata.csv" in caplog.text and "subfolders" in caplog.text

@@ -14,12 +14,12 @@ import torch
 from imagegen import MODE_FILES, make_folder, make_image, save_image
 from PIL import Image
 
-from lightning_lmdb import database
-from lightning_lmdb.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.build.writer import build, build_lmdb
 from lightning_lmdb.errors import BuildError, SourceError, StaleDatabaseError
-from lightning_lmdb.sources import SourceOptions
-from lightning_lmdb.verify import describe_lmdb, verify_lmdb
-from lightning_lmdb.writer import build, build_lmdb
+from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.sources.base import SourceOptions
+from lightning_lmdb.store import database
+from lightning_lmdb.tools.verify import describe_lmdb, verify_lmdb
 
 NAMES = ("cat", "dog", "ñandú")
 
@@ -269,7 +269,7 @@ def _loader_samples(dm, split: str) -> tuple[torch.Tensor, list]:
 def test_datamodule_loaders_serve_the_reference(tmp_path: Path, kind: str, backend: str) -> None:
     from torchvision.transforms import v2
 
-    from lightning_lmdb.datamodule import LMDBDataModule
+    from lightning_lmdb.datamodule.module import LMDBDataModule
 
     paths = _images(tmp_path / "data")
     rows = _rows(paths, kind)
@@ -296,7 +296,7 @@ def test_datamodule_loaders_serve_the_reference(tmp_path: Path, kind: str, backe
 
 @pytest.mark.parametrize("backend", ["lmdb", "raw"])
 def test_the_split_column_gives_the_datamodules_splits(tmp_path: Path, backend: str) -> None:
-    from lightning_lmdb.datamodule import LMDBDataModule
+    from lightning_lmdb.datamodule.module import LMDBDataModule
 
     paths = _images(tmp_path / "data", 12)
     rows = [{**r, "split": ("train", "validation", "test", "train")[i % 4]} for i, r in enumerate(_rows(paths, "class"))]
@@ -313,7 +313,7 @@ def test_the_split_column_gives_the_datamodules_splits(tmp_path: Path, backend: 
 def test_datamodule_worker_processes_serve_a_multilabel_manifest(tmp_path: Path) -> None:
     from torchvision.transforms import v2
 
-    from lightning_lmdb.datamodule import LMDBDataModule
+    from lightning_lmdb.datamodule.module import LMDBDataModule
 
     paths = _images(tmp_path / "data")
     rows = _rows(paths, "multilabel")

@@ -16,13 +16,16 @@ import pytest
 from imagegen import read_records
 from PIL import Image
 
-from lightning_lmdb import cli, codec, database, envs, masks
-from lightning_lmdb import format as fmt
+from lightning_lmdb.build.readers import find_bad_files, read_mask_targets
+from lightning_lmdb.build.writer import FAULT_ENV, build, build_lmdb
+from lightning_lmdb.codec import storage as codec
 from lightning_lmdb.errors import BuildError, OptionError, SourceError
-from lightning_lmdb.readers import find_bad_files, read_mask_targets
-from lightning_lmdb.sources import Labels, SourceOptions, labels_of, scan_source
-from lightning_lmdb.verify import describe_lmdb, verify_lmdb
-from lightning_lmdb.writer import FAULT_ENV, build, build_lmdb
+from lightning_lmdb.sources import masks
+from lightning_lmdb.sources.base import Labels, SourceOptions, labels_of, scan_source
+from lightning_lmdb.store import database, envs
+from lightning_lmdb.store import format as fmt
+from lightning_lmdb.tools import cli
+from lightning_lmdb.tools.verify import describe_lmdb, verify_lmdb
 
 #: The mask modes of the generated sets, cycled over the samples: palette, grey, 16-bit grey.
 MASK_MODES = ("P", "L", "I;16")
@@ -386,7 +389,7 @@ def test_a_killed_mask_build_resumes_as_an_uninterrupted_one(tmp_path: Path, wor
     manifest = _manifest(root, [(f"images/{i}", f"masks/{m}") for i, m in pairs])
     target = tmp_path / "out.lmdb"
     script = textwrap.dedent(f"""
-        from lightning_lmdb.writer import build
+        from lightning_lmdb.build.writer import build
         build({str(manifest)!r}, {str(target)!r}, workers={workers}, commit_every=3, progress=False)
     """)
     killed = subprocess.run([sys.executable, "-c", script], env={**os.environ, FAULT_ENV: "commit:2"}, start_new_session=True,
@@ -442,7 +445,7 @@ def test_pre_resized_storage_shrinks_each_mask_with_its_image_nearest(tmp_path: 
         interior[[0, -1], :] = interior[:, [0, -1]] = False
         assert np.abs(image[interior].astype(int) - colours[mask[interior]].astype(int)).max() <= 1, image_file
     assert verify_lmdb(target, manifest).ok
-    from lightning_lmdb.dataset import LMDBImageDataset
+    from lightning_lmdb.read.dataset import LMDBImageDataset
 
     served_image, served_mask = LMDBImageDataset(target)[0]  # served as stored: the pair at the resized size
     assert tuple(served_mask.shape) == served_image.size[::-1] and min(served_mask.shape) == 32

@@ -34,13 +34,17 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from lightning_lmdb import LMDBDataModule, build_lmdb, database, decoders, masks, transforms
-from lightning_lmdb.batchdecode import DeferredImages
-from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb import LMDBDataModule, build_lmdb
+from lightning_lmdb.codec import decoders
 from lightning_lmdb.errors import ImageDecodeError
-from lightning_lmdb.rawdataset import RawImageDataset
-from lightning_lmdb.sources import SourceOptions
-from lightning_lmdb.transforms import ResizedCrop
+from lightning_lmdb.read import transforms
+from lightning_lmdb.read.batchdecode import DeferredImages
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.read.raw import RawImageDataset
+from lightning_lmdb.read.transforms import ResizedCrop
+from lightning_lmdb.sources import masks
+from lightning_lmdb.sources.base import SourceOptions
+from lightning_lmdb.store import database
 
 #: The regions' colours (far apart) and their mask ids: the last is the ignore index.
 PALETTE = np.array([(220, 40, 40), (40, 190, 40), (40, 40, 220), (220, 220, 40), (235, 235, 235)], dtype=np.int64)

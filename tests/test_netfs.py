@@ -17,8 +17,10 @@ import torch
 from ci import require
 from imagegen import make_folder, make_jpegs
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, envs, netfs
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
+from lightning_lmdb.store import envs
+from lightning_lmdb.tools import netfs
 
 
 def _available() -> str | None:
@@ -61,7 +63,7 @@ def _servers_under(root: Path) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if b"lightning_lmdb.netfs" in argv and any(a.startswith(str(root).encode()) for a in argv[4:6]) and state != "Z":
+        if b"lightning_lmdb.tools.netfs" in argv and any(a.startswith(str(root).encode()) for a in argv[4:6]) and state != "Z":
             found.append(int(entry.name))
     return found
 
@@ -220,8 +222,8 @@ def test_a_mount_left_by_a_killed_run_is_replaced(tmp_path: Path) -> None:
 def _start_cli_netfs(tmp_path: Path) -> tuple[Path, subprocess.Popen]:
     """``lightning-lmdb netfs SRC MNT --latency-ms 1`` started on a fresh folder; its source and process."""
     source = _folder(tmp_path / "src")
-    process = subprocess.Popen([sys.executable, "-m", "lightning_lmdb.cli", "netfs", str(source), str(tmp_path / "mnt"), "--latency-ms",
-                                "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "lightning_lmdb.tools.cli", "netfs", str(source), str(tmp_path / "mnt"),
+                                "--latency-ms", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return source, process
 
 
@@ -365,14 +367,14 @@ def test_refused_clearly_without_fuse(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(netfs.shutil, "which", lambda name: None)
     with pytest.raises(netfs.NetfsUnavailableError, match="/dev/fuse does not exist; fusermount3 is not on PATH.*apt-get install fuse3"):
         netfs.mount(tmp_path, tmp_path / "mnt")
-    from lightning_lmdb.cli import main
+    from lightning_lmdb.tools.cli import main
 
     assert main(["netfs", str(tmp_path), str(tmp_path / "mnt")]) == 2
 
 
 @needs_fuse
 def test_read_benchmark_through_the_mount(tmp_path: Path) -> None:
-    from lightning_lmdb.bench import run_read_benchmark
+    from lightning_lmdb.tools.bench import run_read_benchmark
 
     source = make_jpegs(tmp_path / "src", 10, size=16)
     lines: list[str] = []

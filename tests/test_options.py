@@ -13,15 +13,18 @@ from hydra import compose, initialize_config_dir
 from imagegen import make_jpegs
 from omegaconf import OmegaConf
 
-from lightning_lmdb import LMDBDataModule, codec, decoders, decoding, sampler
-from lightning_lmdb.backends import BACKEND_CLASSES
-from lightning_lmdb.cli import build_options, make_parser
-from lightning_lmdb.datamodule import database_name
-from lightning_lmdb.dm_options import BACKENDS, as_source_options
+from lightning_lmdb import LMDBDataModule
+from lightning_lmdb.codec import decoders
+from lightning_lmdb.codec import storage as codec
+from lightning_lmdb.datamodule.backends import BACKEND_CLASSES
+from lightning_lmdb.datamodule.module import database_name
+from lightning_lmdb.datamodule.options import BACKENDS, as_source_options
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
 from lightning_lmdb.options import CACHE_KEY_OPTIONS, CHOICES, BuildOptions, Storage
-from lightning_lmdb.sources import SourceOptions
+from lightning_lmdb.read import decoding, sampler
+from lightning_lmdb.sources.base import SourceOptions
+from lightning_lmdb.tools.cli import build_options, make_parser
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: The DataModule's arguments named otherwise in BuildOptions.

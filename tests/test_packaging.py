@@ -34,7 +34,8 @@ def test_the_library_does_not_import_the_train_extra() -> None:
 
 @pytest.mark.slow
 def test_importing_the_library_loads_no_hydra() -> None:
-    code = ("import sys, lightning_lmdb.datamodule, lightning_lmdb.cli, lightning_lmdb.verify, lightning_lmdb.bench; "
+    code = ("import sys, lightning_lmdb.datamodule.module, lightning_lmdb.tools.cli, lightning_lmdb.tools.verify, "
+            "lightning_lmdb.tools.bench; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'hydra', 'omegaconf'}))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -64,7 +65,7 @@ def test_every_public_name_resolves_to_its_module() -> None:
 def test_stage_is_importable_from_the_package() -> None:
     import lightning_lmdb
     from lightning_lmdb import stage
-    from lightning_lmdb.staging import stage as documented
+    from lightning_lmdb.tools.staging import stage as documented
 
     assert stage is documented and "stage" in lightning_lmdb.__all__
 

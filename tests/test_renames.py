@@ -11,18 +11,22 @@ from pathlib import Path
 import pytest
 from imagegen import make_folder
 
-from lightning_lmdb import LMDBDataModule, datamodule, dataset, dm_options, dm_plan
+from lightning_lmdb import LMDBDataModule
+from lightning_lmdb.datamodule import module as datamodule
+from lightning_lmdb.datamodule import options as dm_options
+from lightning_lmdb.datamodule import plan as dm_plan
 from lightning_lmdb.errors import OptionError
+from lightning_lmdb.read import dataset
 
 
 @pytest.mark.parametrize(
     ("module", "old", "new"),
     [
-        ("lightning_lmdb.dm_options", "Backend", "BackendName"),
-        ("lightning_lmdb.dataset", "kind_of", "stored_targets"),
-        ("lightning_lmdb.dataset", "_ImageDataset", "ImageDatasetBase"),
-        ("lightning_lmdb.dm_plan", "given_folder", "given_source"),
-        ("lightning_lmdb.datamodule", "given_folder", "given_source"),
+        ("lightning_lmdb.datamodule.options", "Backend", "BackendName"),
+        ("lightning_lmdb.read.dataset", "kind_of", "stored_targets"),
+        ("lightning_lmdb.read.dataset", "_ImageDataset", "ImageDatasetBase"),
+        ("lightning_lmdb.datamodule.plan", "given_folder", "given_source"),
+        ("lightning_lmdb.datamodule.module", "given_folder", "given_source"),
     ],
 )
 def test_an_old_module_name_warns_naming_the_new_one_and_is_the_same_object(module: str, old: str, new: str) -> None:
@@ -47,7 +51,7 @@ def test_the_old_names_still_do_their_work(tmp_path: Path) -> None:
         given_folder({"train": source, "val": None}, "val")
     assert issubclass(dataset.LMDBImageDataset, dataset.ImageDatasetBase)
     with pytest.warns(DeprecationWarning):
-        from lightning_lmdb.dataset import _ImageDataset
+        from lightning_lmdb.read.dataset import _ImageDataset
     assert issubclass(dataset.RawImageDataset, _ImageDataset)
     with pytest.warns(DeprecationWarning):
         assert datamodule.given_folder is dm_plan.given_source

@@ -10,10 +10,10 @@ from imagegen import encode, make_image, photo, read_records
 from PIL import Image
 
 from lightning_lmdb import BuildOptions, LMDBDataModule, build_lmdb, verify_lmdb
-from lightning_lmdb.codec import decode_pixels, encode_record
-from lightning_lmdb.decoders import decode_pil
-from lightning_lmdb.imageinfo import read_info
-from lightning_lmdb.writer import build
+from lightning_lmdb.build.writer import build
+from lightning_lmdb.codec.decoders import decode_pil
+from lightning_lmdb.codec.imageinfo import read_info
+from lightning_lmdb.codec.storage import decode_pixels, encode_record
 
 
 def test_resize_shrinks_the_shorter_side_keeps_aspect_and_never_upscales() -> None:
@@ -93,7 +93,7 @@ def test_the_datamodule_cache_key_covers_resize_and_quality(tmp_path: Path) -> N
 
 
 def test_cli_build_resize_and_bench_decoder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from lightning_lmdb.cli import main
+    from lightning_lmdb.tools.cli import main
 
     source = _photos(tmp_path / "src")
     target = tmp_path / "cli.lmdb"

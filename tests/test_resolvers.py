@@ -12,7 +12,7 @@ from omegaconf.errors import InterpolationResolutionError
 from PIL import Image
 
 import lightning_lmdb.experiment  # registers the resolvers, as train.py's import does
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb.build.writer import build_lmdb
 
 
 def _config(data: dict, output_size: str = "${lmdb_num_classes:${data}}") -> DictConfig:

@@ -18,9 +18,11 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, blockread, envs, shards
-from lightning_lmdb.sampler import ResumableDataLoader, ResumableSampler
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset
+from lightning_lmdb.build.writer import build_lmdb
+from lightning_lmdb.read import blockread
+from lightning_lmdb.read.sampler import ResumableDataLoader, ResumableSampler
+from lightning_lmdb.store import envs, shards
 
 SAMPLES, BATCH, SEED = 30, 4, 5  # 8 batches per epoch, the last one partial; SEED is the DataModules' split_seed
 

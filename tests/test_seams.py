@@ -20,15 +20,18 @@ from hydra.utils import instantiate
 from imagegen import read_records
 from PIL import Image
 
-from lightning_lmdb import codec, decoders, options, sources, targets
-from lightning_lmdb.cli import make_parser
-from lightning_lmdb.database import load_meta
-from lightning_lmdb.datamodule import LMDBDataModule
-from lightning_lmdb.dataset import LMDBImageDataset
+from lightning_lmdb import options, targets
+from lightning_lmdb.build.writer import build_lmdb
+from lightning_lmdb.codec import decoders
+from lightning_lmdb.codec import storage as codec
+from lightning_lmdb.datamodule.module import LMDBDataModule
 from lightning_lmdb.errors import DatabaseError, OptionError
-from lightning_lmdb.transforms import ResizedCrop, eval_transform
-from lightning_lmdb.verify import verify_lmdb
-from lightning_lmdb.writer import build_lmdb
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.read.transforms import ResizedCrop, eval_transform
+from lightning_lmdb.sources import base as sources
+from lightning_lmdb.store.database import load_meta
+from lightning_lmdb.tools.cli import make_parser
+from lightning_lmdb.tools.verify import verify_lmdb
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -79,7 +82,7 @@ def test_a_registered_kinds_description_reaches_the_messages_and_the_cli_help(li
                                                                                capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(FileNotFoundError, match=r"a \.list file of"):
         sources.scan_source(tmp_path / "missing.list")
-    from lightning_lmdb.cli import make_parser
+    from lightning_lmdb.tools.cli import make_parser
 
     with pytest.raises(SystemExit):
         make_parser().parse_args(["build", "--help"])
@@ -147,7 +150,8 @@ def test_a_source_kind_lacking_a_member_is_refused_naming_it() -> None:
 
 def test_source_kinds_is_still_readable_deprecated() -> None:
     with pytest.warns(DeprecationWarning, match="register_source_kind"):
-        assert sources.SOURCE_KINDS == ("lightning_lmdb.manifest", "lightning_lmdb.folder", "lightning_lmdb.datasource")
+        kinds = ("lightning_lmdb.sources.manifest", "lightning_lmdb.sources.folder", "lightning_lmdb.sources.dataset")
+        assert sources.SOURCE_KINDS == kinds
 
 
 @pytest.fixture

@@ -14,15 +14,17 @@ from imagegen import make_jpegs
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, readers, shards
-from lightning_lmdb import format as fmt
-from lightning_lmdb.bench import run_read_benchmark
-from lightning_lmdb.cli import main
-from lightning_lmdb.folder import scan_folder
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset
+from lightning_lmdb.build import readers
+from lightning_lmdb.build.writer import BuildError, build, build_lmdb
 from lightning_lmdb.options import BuildOptions
-from lightning_lmdb.staging import stage
-from lightning_lmdb.verify import describe_lmdb, verify_lmdb
-from lightning_lmdb.writer import BuildError, build, build_lmdb
+from lightning_lmdb.sources.folder import scan_folder
+from lightning_lmdb.store import format as fmt
+from lightning_lmdb.store import shards
+from lightning_lmdb.tools.bench import run_read_benchmark
+from lightning_lmdb.tools.cli import main
+from lightning_lmdb.tools.staging import stage
+from lightning_lmdb.tools.verify import describe_lmdb, verify_lmdb
 
 
 @pytest.fixture(autouse=True)

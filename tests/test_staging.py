@@ -11,9 +11,11 @@ import pytest
 import torch
 from imagegen import make_folder, make_jpegs
 
-from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb, envs, shards, staging
+from lightning_lmdb import LMDBDataModule, LMDBImageDataset, build_lmdb
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
-from lightning_lmdb.format import DatabaseError
+from lightning_lmdb.store import envs, shards
+from lightning_lmdb.store.format import DatabaseError
+from lightning_lmdb.tools import staging
 
 BLOCK = 16 << 10
 

@@ -16,8 +16,10 @@ import pytest
 from ci import mount
 from imagegen import make_jpegs
 
-from lightning_lmdb import build_lmdb, shards, staging
-from lightning_lmdb.writer import DiskFullError
+from lightning_lmdb import build_lmdb
+from lightning_lmdb.build.writer import DiskFullError
+from lightning_lmdb.store import shards
+from lightning_lmdb.tools import staging
 
 BLOCK = 16 << 10
 FINISHED = ["train.lmdb", "train.lmdb.staged.json", "train.lmdb.staging.lock"]

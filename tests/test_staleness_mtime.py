@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from lightning_lmdb import LMDBDataModule
-from lightning_lmdb.dataset import LMDBImageDataset
-from lightning_lmdb.writer import StaleDatabaseError, build
+from lightning_lmdb.build.writer import StaleDatabaseError, build
+from lightning_lmdb.read.dataset import LMDBImageDataset
 
 
 def _bmp(path: Path, value: int) -> None:

@@ -15,10 +15,10 @@ from ci import evictable_folder, require
 from hydra import compose, initialize_config_dir
 from imagegen import make_jpegs
 
-from lightning_lmdb import cache
 from lightning_lmdb.experiment import datamodule as dm_module
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
-from lightning_lmdb.transforms import eval_transform
+from lightning_lmdb.read.transforms import eval_transform
+from lightning_lmdb.tools import pagecache as cache
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["demo.num_classes=3", "demo.images_per_class=8", "data.image_size=16", "loader=debug", "data.build_workers=0",
@@ -207,7 +207,7 @@ def test_expected_failures_are_one_line(tmp_path: Path, train_module, capsys: py
 
 @pytest.mark.slow
 def test_a_read_only_cache_dir_is_one_line_naming_it(tmp_path: Path, train_module, capsys: pytest.CaptureFixture[str]) -> None:
-    from lightning_lmdb import netfs
+    from lightning_lmdb.tools import netfs
 
     try:
         netfs.check_available()

@@ -19,11 +19,13 @@ from imagegen import make_jpegs, truncated_jpeg
 from PIL import Image
 
 import lightning_lmdb
-from lightning_lmdb import database, envs, verify, writer
-from lightning_lmdb import format as fmt
-from lightning_lmdb.cli import main
-from lightning_lmdb.verify import describe_lmdb, verify_lmdb
-from lightning_lmdb.writer import BuildError, DiskFullError, build_lmdb
+from lightning_lmdb.build import writer
+from lightning_lmdb.build.writer import BuildError, DiskFullError, build_lmdb
+from lightning_lmdb.store import database, envs
+from lightning_lmdb.store import format as fmt
+from lightning_lmdb.tools import verify
+from lightning_lmdb.tools.cli import main
+from lightning_lmdb.tools.verify import describe_lmdb, verify_lmdb
 
 
 @pytest.fixture
@@ -152,7 +154,7 @@ def test_file_names_that_are_not_utf8(tmp_path: Path) -> None:
     assert verify_lmdb(db, source).ok
     with open(odd, "ab") as handle:
         handle.write(b"changed")
-    result = subprocess.run([sys.executable, "-m", "lightning_lmdb.cli", "verify", str(db), "--source", str(source)],
+    result = subprocess.run([sys.executable, "-m", "lightning_lmdb.tools.cli", "verify", str(db), "--source", str(source)],
                             capture_output=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert b"(c0/\xff\xfe_latin1.png): differs from the source file" in result.stdout, "the name prints as its original bytes"
@@ -262,7 +264,7 @@ def test_cli_subprocess_target_under_a_file_prints_no_traceback(tmp_path: Path) 
     source = make_jpegs(tmp_path / "src", 2, size=16)
     (tmp_path / "afile").write_text("not a folder")
     target = tmp_path / "afile" / "sub" / "x.lmdb"
-    result = subprocess.run([sys.executable, "-m", "lightning_lmdb.cli", "build", str(source), str(target)],
+    result = subprocess.run([sys.executable, "-m", "lightning_lmdb.tools.cli", "build", str(source), str(target)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
@@ -278,7 +280,7 @@ def test_ctrl_c_during_a_parallel_build_prints_one_line_and_resumes(tmp_path: Pa
     source = make_jpegs(tmp_path / "src", 80, size=16)
     target = tmp_path / "db.lmdb"
     args = ["build", str(source), str(target), "--workers", "2", "--quiet", "--commit-every", "2", *layout]
-    result = subprocess.run([sys.executable, "-m", "lightning_lmdb.cli", *args], capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-m", "lightning_lmdb.tools.cli", *args], capture_output=True, text=True, timeout=120,
                             start_new_session=True, env={**os.environ, writer.FAULT_ENV: "commit:3:INT"})
     assert result.returncode == 130, result.stderr
     assert "Traceback" not in result.stderr, "no worker process may print a traceback"
@@ -441,7 +443,7 @@ def test_info_and_verify_import_neither_torch_nor_torchvision(built: tuple[Path,
     _, db = built
     code = textwrap.dedent(f"""
         import sys
-        from lightning_lmdb.cli import main
+        from lightning_lmdb.tools.cli import main
         assert main(["info", {str(db)!r}]) == 0
         assert main(["info", {str(db)!r}, "--json"]) == 0
         assert main(["verify", {str(db)!r}]) == 0

@@ -34,7 +34,7 @@ excluded, like ``epoch_time_s``):
 - ``perf/loader_read_ms`` / ``perf/loader_decode_ms`` / ``perf/loader_transform_ms``: mean time per
   sample getting its bytes into memory / decoding them to an image / in the transforms, measured
   inside the processes that load them (the DataLoader workers, or the training process with
-  ``num_workers=0``) by datasets with :class:`~lightning_lmdb.loadstats.LoaderStats`
+  ``num_workers=0``) by datasets with :class:`~lightning_lmdb.read.loadstats.LoaderStats`
   (``LMDBImageDataset``, ``RawImageDataset``; also inside a ``Subset`` or ``ConcatDataset``), which the
   monitor turns on (``enable_loader_stats()``; they are off by default) at ``setup("fit")`` -- before any
   loader of the fit starts its workers -- for the datasets of the loaders given to ``fit`` and those the
@@ -80,11 +80,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_lmdb.build.writer import usable_cpus
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.experiment.loaders import _enable, _fit_datasets, loader_stats_of
 from lightning_lmdb.experiment.utilisation import _GpuUtilSampler, cpu_ticks
-from lightning_lmdb.loadstats import LoaderStats, ProcessLoad
-from lightning_lmdb.writer import usable_cpus
+from lightning_lmdb.read.loadstats import LoaderStats, ProcessLoad
 
 FETCH_ACTION_SUFFIX = ".train_dataloader_next"
 _COLUMNS = (  # (record key, header, format)

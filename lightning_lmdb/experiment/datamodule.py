@@ -11,10 +11,12 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_lmdb import cache, envs, netfs
-from lightning_lmdb.backends import on_disk
-from lightning_lmdb.datamodule import LMDBDataModule
+from lightning_lmdb.datamodule.backends import on_disk
+from lightning_lmdb.datamodule.module import LMDBDataModule
 from lightning_lmdb.errors import OptionError
+from lightning_lmdb.store import envs
+from lightning_lmdb.tools import netfs
+from lightning_lmdb.tools import pagecache as cache
 
 
 class ExperimentDataModule(LMDBDataModule):
@@ -30,7 +32,7 @@ class ExperimentDataModule(LMDBDataModule):
         netfs_latency_ms: Emulated network storage: every file request (lookup, open, read, ...) of the folders and
             the databases waits this many milliseconds (``0.5`` is a typical NFS round trip). The build and the raw
             backend read the folders (a manifest's folder), and the LMDB backend its database file, through read-only latency mounts
-            (:mod:`lightning_lmdb.netfs`, needs FUSE) at stable points in ``<cache_dir>.netfs/`` (a database's
+            (:mod:`lightning_lmdb.tools.netfs`, needs FUSE) at stable points in ``<cache_dir>.netfs/`` (a database's
             cache key hashes the real folder, so nothing is rebuilt because of them); they are unmounted when the
             process exits. With ``cold_cache`` the mounts keep no file contents cached either. ``None``: off. A Dataset source
             has no files to mount: it is refused with it.

@@ -2,7 +2,7 @@
 
 :class:`~lightning_lmdb.experiment.callbacks.PerfMonitor` asks these datasets (``LMDBImageDataset``,
 ``RawImageDataset``, or any with an ``enable_loader_stats()`` method; also inside a ``Subset`` or
-``ConcatDataset``) for their :class:`~lightning_lmdb.loadstats.LoaderStats`.
+``ConcatDataset``) for their :class:`~lightning_lmdb.read.loadstats.LoaderStats`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
-from lightning_lmdb.loadstats import LoaderStats
+from lightning_lmdb.read.loadstats import LoaderStats
 
 
 def _datasets(dataset: Any) -> Iterator[Any]:

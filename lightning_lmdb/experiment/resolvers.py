@@ -38,7 +38,7 @@ def num_classes(data: Any) -> int:
     Raises:
         OptionError: No ``train_dir``.
     """
-    from lightning_lmdb.datamodule import LMDBDataModule  # here: registering the resolver imports no torch
+    from lightning_lmdb.datamodule.module import LMDBDataModule  # here: registering the resolver imports no torch
 
     if isinstance(data, Mapping):
         accepted = set(inspect.signature(LMDBDataModule.__init__).parameters) - set(_NOT_READ)

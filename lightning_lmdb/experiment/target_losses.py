@@ -28,7 +28,7 @@ from torchmetrics import Metric
 from torchmetrics.classification import MultilabelF1Score
 
 from lightning_lmdb.errors import OptionError
-from lightning_lmdb.masks import DEFAULT_IGNORE_INDEX
+from lightning_lmdb.sources.masks import DEFAULT_IGNORE_INDEX
 
 #: ``loss(model, outputs, targets, stage)``: the batch's loss (a scalar tensor).
 LossFn = Callable[[Any, torch.Tensor, Any, str], torch.Tensor]

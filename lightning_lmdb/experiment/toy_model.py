@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from lightning_lmdb.errors import OptionError, SourceError
 from lightning_lmdb.experiment.target_losses import MeanIoU, target_loss
-from lightning_lmdb.masks import DEFAULT_IGNORE_INDEX
+from lightning_lmdb.sources.masks import DEFAULT_IGNORE_INDEX
 from lightning_lmdb.targets import kind_names
 
 __all__ = ["MeanIoU", "NoOpModel", "ToyCNN"]

@@ -5,7 +5,7 @@ A source's target kind (``target_kind=``) says what a sample's target is. Each k
 the library's are:
 
 ============== ============================================= ===========================================
-kind           stored (:mod:`lightning_lmdb.format` arrays)   served
+kind           stored (:mod:`lightning_lmdb.store.format` arrays)   served
 ============== ============================================= ===========================================
 ``class``      ``meta/targets``: ``int32`` class index        ``int`` (as ``ImageFolder``)
 ``none``       ``meta/targets``: ``-1``                       ``-1`` (as a flat folder)
@@ -14,7 +14,7 @@ kind           stored (:mod:`lightning_lmdb.format` arrays)   served
                ``meta/label-offsets`` (``int64``, count + 1)
 ``regression`` ``meta/values``: ``float32`` ``count x K``     ``float32`` tensor ``[K]``
 ``mask``       the record holds its mask                      ``int64`` ``H x W`` tensor (the datasets,
-               (:mod:`lightning_lmdb.masks`); ``meta/labels``  from the record; not this table)
+               (:mod:`lightning_lmdb.sources.masks`); ``meta/labels``  from the record; not this table)
                and ``meta/label-offsets``: the classes each
                mask holds, as ``multilabel``
 ============== ============================================= ===========================================
@@ -22,7 +22,7 @@ kind           stored (:mod:`lightning_lmdb.format` arrays)   served
 ``meta/targets`` is always there (``-1`` for the kinds that are not ``class``), so a per-record class index
 is one array read whatever the kind. :class:`TargetTable` holds one database's (or scan's) targets in numpy
 arrays -- never one Python object per record -- and builds each sample's target on demand. :func:`read_typed` reads the
-typed arrays of a database's metadata (:func:`lightning_lmdb.format.read_meta`). Both ask the table's kind.
+typed arrays of a database's metadata (:func:`lightning_lmdb.store.format.read_meta`). Both ask the table's kind.
 
 Add a kind: a file with a :class:`TargetKind` subclass (its storage, serving, geometry and collate), one
 :func:`register_target_kind` call in a module your code (and spawned loader workers) imports, and its tests; the loss and

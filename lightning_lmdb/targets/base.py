@@ -7,7 +7,7 @@ flip of the image (:meth:`TargetKind.geometry`), its collate (:meth:`TargetKind.
 (:meth:`TargetKind.named`). The library's kinds (``class``, ``multilabel``, ``regression``, ``none``, ``mask``) are
 entries of the registry like any other; a kind of yours is one :func:`register_target_kind` call.
 
-This module imports nothing of the library but the table and plain helpers, so that :mod:`lightning_lmdb.sources` can ask the
+This module imports nothing of the library but the table and plain helpers, so that :mod:`lightning_lmdb.sources.base` can ask the
 registry (``SourceOptions(target_kind=...)``).
 """
 
@@ -113,18 +113,18 @@ class TargetKind:
         return TargetTable(first.kind, index, first.width, labels=labels, offsets=offsets, values=values)
 
     def read(self, get: JsonFields, read: Callable[[str], np.ndarray], meta: Any) -> dict[str, np.ndarray]:
-        """The typed arrays of a database header of this kind, checked: fields of :class:`lightning_lmdb.format.Metadata`
+        """The typed arrays of a database header of this kind, checked: fields of :class:`lightning_lmdb.store.format.Metadata`
         (``labels``, ``label_offsets``, ``values``; none for a class index, which ``meta/targets`` holds).
 
         Args:
             get: The header's fields (``get.fail(field, why)`` raises the :class:`DatabaseError` naming it).
-            read: Reads (and checks against its digest) one metadata array by name (:data:`lightning_lmdb.format.ARRAYS`).
+            read: Reads (and checks against its digest) one metadata array by name (:data:`lightning_lmdb.store.format.ARRAYS`).
             meta: The metadata read so far (``count``, ``classes``, ``target_names``).
         """
         return {}
 
     def table(self, meta: Any) -> TargetTable:
-        """The targets of a database's metadata (:class:`lightning_lmdb.format.Metadata`) as a dataset serves them."""
+        """The targets of a database's metadata (:class:`lightning_lmdb.store.format.Metadata`) as a dataset serves them."""
         from lightning_lmdb.targets.table import TargetTable
 
         width = self.width(meta.classes, meta.target_names)
@@ -145,9 +145,9 @@ class TargetKind:
 
         Args:
             target: The served target (:meth:`item`; a mask's ``H x W`` tensor).
-            crop: The :class:`lightning_lmdb.transforms.ResizedCrop` applied to the image (its ``size``, ``train``,
-                ``resize_ratio``; :meth:`~lightning_lmdb.transforms.ResizedCrop.map_points` maps coordinates, and
-                :meth:`~lightning_lmdb.transforms.ResizedCrop.apply_mask` resamples a mask).
+            crop: The :class:`lightning_lmdb.read.transforms.ResizedCrop` applied to the image (its ``size``, ``train``,
+                ``resize_ratio``; :meth:`~lightning_lmdb.read.transforms.ResizedCrop.map_points` maps coordinates, and
+                :meth:`~lightning_lmdb.read.transforms.ResizedCrop.apply_mask` resamples a mask).
             params: ``(top, left, crop height, crop width, flip)`` in the pixels of the image in its file.
             size: ``(height, width)`` of the image in its file.
             context: What the dataset knows besides (``fill``: the ignore index of a mask set).

@@ -1,4 +1,4 @@
-"""The ``mask`` target kind: a segmentation mask per sample, held in its record (:mod:`lightning_lmdb.masks`: packed with the
+"""The ``mask`` target kind: a segmentation mask per sample, held in its record (:mod:`lightning_lmdb.sources.masks`: packed with the
 image), served as an ``int64`` ``H x W`` tensor resampled with the image's geometry (nearest-neighbour). The metadata holds
 the classes each mask holds, as ``multilabel`` does (``meta/labels``, ``meta/label-offsets``)."""
 
@@ -23,11 +23,11 @@ class MaskKind(MultilabelKind):
     has_geometry = True
 
     def item(self, table: TargetTable, row: int) -> Any:
-        raise TypeError("A segmentation database's targets are its masks, stored in the records (lightning_lmdb.masks.unpack and "
+        raise TypeError("A segmentation database's targets are its masks, stored in the records (lightning_lmdb.sources.masks.unpack and "
                         "decode_mask); TargetTable.item does not serve them. TargetTable.tolist() gives the classes each mask holds.")
 
     def geometry(self, target: Any, crop: Any, params: Sequence[int], size: tuple[int, int], **context: Any) -> Any:
-        """The mask resampled nearest-neighbour (:meth:`lightning_lmdb.transforms.ResizedCrop.apply_mask`), pixels outside the
+        """The mask resampled nearest-neighbour (:meth:`lightning_lmdb.read.transforms.ResizedCrop.apply_mask`), pixels outside the
         image ``context["fill"]`` (the ignore index)."""
         return crop.apply_mask(target, params, context.get("fill", DEFAULT_FILL))
 

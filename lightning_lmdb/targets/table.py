@@ -46,7 +46,7 @@ class TargetTable:
 
     @classmethod
     def pack(cls, kind: str, targets: Sequence[Target], width: int = 0) -> TargetTable:
-        """The table of a scan's per-file targets (:data:`lightning_lmdb.sources.Target`) of kind ``kind``.
+        """The table of a scan's per-file targets (:data:`lightning_lmdb.sources.base.Target`) of kind ``kind``.
 
         Args:
             kind: The target kind.
@@ -94,7 +94,7 @@ def check_offsets(get: JsonFields, offsets: np.ndarray, items: np.ndarray, what:
 
 def read_typed(get: JsonFields, read: Callable[[str], np.ndarray], meta: Any, *, arrays: bool = False) -> dict[str, Any]:
     """The target kind, typed targets, splits and mask fields of a database header (version 3 fields; absent from older files),
-    each checked: the fields to replace in ``meta`` (a :class:`lightning_lmdb.format.Metadata` with the shared fields read).
+    each checked: the fields to replace in ``meta`` (a :class:`lightning_lmdb.store.format.Metadata` with the shared fields read).
 
     Args:
         get: The header's fields.

@@ -15,10 +15,10 @@ import pytest
 from faultkit import contents
 from imagegen import bomb_png, make_jpegs, truncated_jpeg
 
-from lightning_lmdb import readers
-from lightning_lmdb.dataset import RawImageDataset
-from lightning_lmdb.folder import scan_folder
-from lightning_lmdb.writer import BuildError, build
+from lightning_lmdb.build import readers
+from lightning_lmdb.build.writer import BuildError, build
+from lightning_lmdb.read.dataset import RawImageDataset
+from lightning_lmdb.sources.folder import scan_folder
 
 pytestmark = pytest.mark.timeout(60)
 

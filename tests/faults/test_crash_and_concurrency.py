@@ -20,10 +20,12 @@ import pytest
 from faultkit import Child, contents, leftovers, run_forked, sharded_contents
 from imagegen import make_jpegs
 
-from lightning_lmdb import cli, database, envs, filebuild, shards
-from lightning_lmdb import format as fmt
-from lightning_lmdb.verify import verify_lmdb
-from lightning_lmdb.writer import FAULT_ENV, build
+from lightning_lmdb.build import onefile as filebuild
+from lightning_lmdb.build.writer import FAULT_ENV, build
+from lightning_lmdb.store import database, envs, shards
+from lightning_lmdb.store import format as fmt
+from lightning_lmdb.tools import cli
+from lightning_lmdb.tools.verify import verify_lmdb
 
 COUNT, EVERY = 40, 10  # 40 images, a commit every 10: commits 1-4 hold 10-40 records, then the final one
 

@@ -23,11 +23,11 @@ from imagegen import make_jpegs
 from torch.utils.data import DataLoader
 from torchvision.transforms.functional import pil_to_tensor
 
-from lightning_lmdb import database
-from lightning_lmdb import format as fmt
-from lightning_lmdb.dataset import LMDBImageDataset
-from lightning_lmdb.verify import describe_lmdb, verify_lmdb
-from lightning_lmdb.writer import build, build_lmdb
+from lightning_lmdb.build.writer import build, build_lmdb
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.store import database
+from lightning_lmdb.store import format as fmt
+from lightning_lmdb.tools.verify import describe_lmdb, verify_lmdb
 
 COUNT = 12
 

@@ -17,8 +17,8 @@ from ci import mount
 from faultkit import contents, leftovers, missing_prerequisite, run_forked
 from imagegen import make_jpegs
 
-from lightning_lmdb import format as fmt
-from lightning_lmdb.writer import build
+from lightning_lmdb.build.writer import build
+from lightning_lmdb.store import format as fmt
 
 COUNT = 300  # 128 px noise JPEGs: about 3.3 MB, more than the disk
 SMALL_DISK = "2m"  # the size of the small_disk fixture's tmpfs (conftest.py)

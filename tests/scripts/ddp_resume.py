@@ -17,7 +17,8 @@ import lightning.pytorch as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_resume import BATCH, SEED, PreemptAfter, Preempted, Recorder, identity  # noqa: E402
 
-from lightning_lmdb import LMDBDataModule, blockread  # noqa: E402
+from lightning_lmdb import LMDBDataModule  # noqa: E402
+from lightning_lmdb.read import blockread
 
 
 class Writer(pl.Callback):

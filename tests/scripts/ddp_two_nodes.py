@@ -25,9 +25,9 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
-from lightning_lmdb import backends as build_module  # the LMDB backend's builds
-from lightning_lmdb import datamodule as dm_module
-from lightning_lmdb.transforms import eval_transform
+from lightning_lmdb.datamodule import backends as build_module  # the LMDB backend's builds
+from lightning_lmdb.datamodule import module as dm_module
+from lightning_lmdb.read.transforms import eval_transform
 
 SHARDS = 4
 #: Case name -> the DataModule settings that make it.

@@ -1,0 +1,247 @@
+"""The builder's readers: a pool of processes that read, fully decode and checksum source files.
+
+Every file a build stores is decoded here first (so training never meets a corrupt image), either in
+this process (``workers=0``) or in a pool of reader processes; :func:`find_bad_files` runs the same
+reads without building anything. The pool is sized by :func:`available_cores` unless told otherwise.
+
+A dataset source (:mod:`lightning_lmdb.sources.dataset`) is read the same way, sample by sample
+(:func:`lightning_lmdb.sources.dataset.read_sample`): the dataset reaches each reader process once, through the
+pool's initializer (inherited with the ``fork`` start method, pickled once per reader otherwise).
+
+A source with segmentation masks (:class:`lightning_lmdb.sources.masks.MaskScan`) is read a pair at a time: the image as any image,
+then its mask (:func:`lightning_lmdb.sources.masks.read_mask`, the image's size), packed in one record
+(:func:`lightning_lmdb.sources.masks.pack`); the record's target (its progress entry's end) is the classes the mask holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import multiprocessing
+import os
+import pickle
+import signal
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from lightning_lmdb.codec.decoders import decode_pil
+from lightning_lmdb.codec.storage import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record, storage_mode
+from lightning_lmdb.errors import SourceError
+from lightning_lmdb.sources import dataset as datasource
+from lightning_lmdb.sources import masks
+from lightning_lmdb.sources.base import NotRegularFileError, SourceFile, SourceScan, read_file
+from lightning_lmdb.store import format as fmt
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity mask where the OS has one), else all of them."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def available_cores() -> int:
+    """How many CPU cores this process may run on (see :func:`usable_cpus`)."""
+    return len(usable_cpus())
+
+
+#: One file to read: (index, path, storage or "check", max_pixels, resize, quality); for a dataset source, the sample's
+#: index as text in place of the path; for an image with a mask, then (mask path, ignore_index, num_classes or None).
+_Task = tuple[Any, ...]
+#: The dataset a reader process reads samples of (set by :func:`_start_reader`; ``None`` when it reads files).
+_dataset: Any = None
+
+
+def sample_source(scan: SourceScan) -> tuple[Any | None, Callable[[SourceFile], str]]:
+    """What the readers read for ``scan``: ``(None, file -> path)`` for files, ``(dataset, file -> index as text)`` for a dataset."""
+    dataset = datasource.dataset_of(scan)
+    return (None, _path_of) if dataset is None else (dataset, _relpath_of)
+
+
+def tasks_of(scan: SourceScan, storage: str, max_pixels: int | None, resize: int | None = None, quality: int = 0,
+             start: int = 0) -> list[_Task]:
+    """The readers' tasks for ``scan.files[start:]``: each file (or a dataset's sample) with what to make of it (``storage``, or
+    ``"check"``: decode only), and its mask with how to read it for a :class:`~lightning_lmdb.sources.masks.MaskScan`."""
+    _, key = sample_source(scan)
+    head = (storage, max_pixels, resize, quality)
+    if not isinstance(scan, masks.MaskScan):
+        return [(i, key(scan.files[i]), *head) for i in range(start, len(scan.files))]
+    limit = len(scan.classes) if scan.classes else scan.num_classes
+    return [(i, f.path, *head, f.mask, scan.ignore_index, limit) for i, f in enumerate(scan.files[start:], start)]
+
+
+def record_targets(scan: SourceScan) -> datasource.RecordTargets | masks.MaskTargets:
+    """The checker of the targets that come with the records of a ``targets_from_records`` scan (a dataset's, or masks')."""
+    return masks.MaskTargets.of(scan) if isinstance(scan, masks.MaskScan) else datasource.RecordTargets.of(scan)
+
+
+def _path_of(file: SourceFile) -> str:
+    return file.path
+
+
+def _relpath_of(file: SourceFile) -> str:
+    return file.relpath
+
+
+def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
+    """Read, fully decode and checksum one file (runs in a pool worker).
+
+    Returns:
+        ``(index, value, entry)`` (``entry``: :func:`lightning_lmdb.store.format.progress_entry`, the digest and the
+        record codec), or ``(index, None, reason)`` for a bad file.
+    """
+    index, path, storage, max_pixels, resize, quality = task[:6]
+    try:
+        data = read_file(path)
+    except NotRegularFileError as exc:
+        return index, None, exc.reason
+    except OSError as exc:
+        return index, None, _unreadable(exc, path, "the file")
+    if len(task) > 6:
+        return _read_pair(task, data)
+    try:
+        if storage == "check":  # validation only (find_bad_files)
+            encode_record(data, "encoded", max_pixels=max_pixels, name=path)
+            return index, b"", b""
+        codec, value = encode_record(data, storage, max_pixels=max_pixels, name=path, resize=resize, quality=quality)
+    except ImageDecodeError as exc:
+        return index, None, exc.reason
+    return index, value, fmt.progress_entry(value, codec)
+
+
+def _unreadable(exc: OSError, path: str, what: str) -> str:
+    """Why ``what`` (the file at ``path``) cannot be read: missing, not permitted (then: check its permissions), or the OS error."""
+    if exc.errno == errno.ENOENT:
+        broken = " (a symbolic link to a missing file)" if os.path.islink(path) else ""
+        return f"cannot read {what}: no such file{broken}."
+    hint = " Check its permissions." if exc.errno in (errno.EACCES, errno.EPERM) else ""
+    return f"cannot read {what} ({exc.strerror or exc}).{hint}"
+
+
+def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
+    """:func:`_read_one` of an image with a mask (``data``: the image file's bytes): the record :func:`lightning_lmdb.sources.masks.pack`
+    makes of both, its entry :func:`lightning_lmdb.sources.dataset.record_entry` with the classes the mask holds (with ``"check"``:
+    ``b""`` and those classes); or ``(index, None, reason)``, the reason naming the mask when it is the mask that is bad."""
+    index, path, storage, max_pixels, resize, quality, mask_path, ignore_index, num_classes = task
+    try:
+        image = decode_pil(data, max_pixels=max_pixels, name=path)
+        codec, value = storage_mode(storage).encode(data, image, resize, quality) if storage != "check" else (0, b"")
+    except ImageDecodeError as exc:
+        return index, None, exc.reason
+    try:
+        values = masks.resize_mask(masks.read_mask(read_file(mask_path), mask_path, size=image.size), resize)
+    except NotRegularFileError as exc:
+        return index, None, f"its mask {mask_path!r} {exc.reason}"
+    except OSError as exc:
+        return index, None, _unreadable(exc, mask_path, f"its mask {mask_path!r}")
+    except ImageDecodeError as exc:
+        return index, None, f"its mask {mask_path!r}: {exc.reason}"
+    labels = masks.labels_present(values, ignore_index)
+    problem = masks.misfit(labels, num_classes, ignore_index)
+    if problem is not None:
+        return index, None, f"its mask {mask_path!r} {problem}"
+    if storage == "check":
+        return index, b"", labels
+    record = masks.pack(value, masks.encode_mask(values))
+    return index, record, datasource.record_entry(record, codec, labels)
+
+
+def _read_sample(task: _Task) -> tuple[int, bytes | None, Any]:
+    """:func:`lightning_lmdb.sources.dataset.read_sample` of this reader process's dataset (runs in a pool worker)."""
+    return datasource.read_sample(_dataset, task)
+
+
+def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = None) -> list[fmt.Skipped]:
+    """The files of ``scan`` a build with ``on_error="skip"`` would leave out, each with the reason.
+
+    Reads and decodes every file exactly as the builder does (same checks, same process pool), so the
+    raw backend of an A/B can serve the samples a database would hold without building one.
+
+    Args:
+        scan: The scanned source folder.
+        max_pixels: The builder's decompression-bomb limit.
+        workers: Reader processes (``None``: one per core; ``0``: in this process).
+    """
+    if isinstance(scan, masks.MaskScan):
+        return read_mask_targets(scan, max_pixels=max_pixels, workers=workers)[1]
+    bad = [fmt.Skipped(path, reason) for path, reason in scan.special]
+    dataset, _ = sample_source(scan)
+    with _read_files(tasks_of(scan, "check", max_pixels), available_cores() if workers is None else workers, dataset) as results:
+        bad += [fmt.Skipped(scan.files[i].relpath, reason) for i, value, reason in results if value is None]
+    return bad
+
+
+def read_mask_targets(scan: masks.MaskScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = None
+                      ) -> tuple[datasource.FoundTargets, list[fmt.Skipped]]:
+    """Read every image and mask of ``scan`` as a build does (same checks, same process pool), storing nothing.
+
+    Returns:
+        The targets a build with ``on_error="skip"`` makes (kind ``"mask"``, its classes, per kept file in scan order the class
+        ids its mask holds), and the files it leaves out, with the reason (as :func:`find_bad_files`).
+    """
+    bad = [fmt.Skipped(path, reason) for path, reason in scan.special]
+    raws = []
+    with _read_files(tasks_of(scan, "check", max_pixels), available_cores() if workers is None else workers) as results:
+        for i, value, entry in results:
+            if value is None:
+                bad.append(fmt.Skipped(scan.files[i].relpath, entry))
+            else:
+                raws.append(entry)
+    return record_targets(scan).finish(raws), bad
+
+
+def _start_reader(dataset: Any = None) -> None:
+    """A reader process's start: SIGTERM's default action (the pool's terminate must end it), the palette warning off,
+    and the dataset it reads samples of (``None``: it reads files).
+
+    A forked reader inherits its parent's Python SIGTERM handler -- Lightning's, which only sets a flag, or a latency
+    mount's -- and a pool that stops early (a bad file, Ctrl-C) would then wait forever for readers that do not end.
+    """
+    global _dataset
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _ignore_palette_warning()
+    _dataset = dataset
+
+
+def _ignore_palette_warning() -> None:
+    """Silence Pillow's "Palette images with Transparency expressed in bytes" warning in this process's filters.
+
+    ``convert("RGB")`` (ImageFolder's decode, which the builder checks every file with) gives such a palette
+    image its palette colours, the pixels ImageFolder sees: the warning names nothing wrong with the file,
+    yet it was printed into the progress bar once per reader process. Added once per reader process (a pool
+    initializer), or once per read in this process (:func:`_read_files`), never per image.
+    """
+    warnings.filterwarnings("ignore", message="Palette images with Transparency expressed in bytes", category=UserWarning)
+
+
+@contextlib.contextmanager
+def _read_files(tasks: list[_Task], workers: int, dataset: Any = None) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
+    """:func:`_read_one` of every task (of ``dataset``: :func:`lightning_lmdb.sources.dataset.read_sample`), in order: in this
+    process (``workers=0``) or in a pool of ``workers`` processes.
+
+    Raises:
+        SourceError: ``dataset`` cannot be sent to the reader processes (it does not pickle, with a start method that pickles).
+    """
+    if workers == 0 or len(tasks) < 2:
+        read = _read_one if dataset is None else functools.partial(datasource.read_sample, dataset)
+        with warnings.catch_warnings():  # once for the whole read: this process's filters are as they were afterwards
+            _ignore_palette_warning()
+            yield map(read, tasks)
+        return
+    # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image.
+    chunksize = max(1, min(64, len(tasks) // (4 * workers)))
+    context = multiprocessing.get_context()
+    try:
+        pool = context.Pool(workers, initializer=_start_reader, initargs=() if dataset is None else (dataset,))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        if dataset is None:
+            raise
+        raise SourceError(
+            f"The dataset {type(dataset).__qualname__} cannot be sent to the reader processes (start method "
+            f"{context.get_start_method()!r} pickles it): {exc}. Make it picklable, or build with workers=0."
+        ) from exc
+    with pool:
+        yield pool.imap(_read_one if dataset is None else _read_sample, tasks, chunksize=chunksize)

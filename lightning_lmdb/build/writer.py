@@ -1,0 +1,115 @@
+"""Build a lightning_lmdb database from any source (an image folder, a manifest, a map-style ``Dataset``, or a kind registered
+with :func:`lightning_lmdb.sources.base.register_source_kind`): :func:`build_lmdb` and :func:`build`.
+
+A pool of processes reads and fully decodes every file (so training never meets a corrupt image);
+one writer appends records in batched transactions into ``TARGET.partial`` and records its progress
+in the same transactions. The metadata is written in the final transaction, then the file is renamed
+onto ``TARGET``. A crash at any moment leaves either the old target or nothing at ``TARGET``, and a
+rerun resumes from the last committed batch. A file lock beside the target makes concurrent builders
+produce one build: the others wait and then find it up to date.
+
+This module holds the entry points, which decide what to build; the work is done by
+:mod:`lightning_lmdb.build.onefile` (one database file: the writer, its resume, error policy, progress,
+disk-full diagnosis and metadata, and the test-only fault injection ``FAULT_ENV``),
+:mod:`lightning_lmdb.build.sharded` (sharded databases) and :mod:`lightning_lmdb.build.readers` (the read and
+decode process pool). The names callers import from here (``BuildReport``, ``build_shards``,
+``find_bad_files``, ``available_cores``, the errors, ...) are re-exported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_lmdb.build.onefile import FAULT_ENV, BuildReport, _build_lock, _checked_target, _existing_meta, _Writer
+from lightning_lmdb.build.readers import _start_reader, available_cores, find_bad_files, usable_cpus  # noqa: F401 (_start_reader: tests)
+from lightning_lmdb.build.sharded import build_shards
+from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, StaleDatabaseError
+from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.sources.base import scan_source
+from lightning_lmdb.store import database
+
+__all__ = [
+    "build", "build_lmdb", "BuildReport",
+    # Re-exported for the callers that import them from here (backends.py, datamodule.py, staging.py, experiment/callbacks.py, the tests).
+    "FAULT_ENV", "BuildError", "DiskFullError", "StaleDatabaseError", "available_cores", "build_shards", "find_bad_files",
+    "usable_cpus",
+]
+
+log = logging.getLogger(__name__)
+
+
+def build_lmdb(
+    source: str | os.PathLike[str] | Any, target: str | os.PathLike[str], options: BuildOptions | None = None, **overrides: Any
+) -> Path:
+    """Pack a source into one LMDB file (or a sharded folder), or return at once if it is already up to date.
+
+    Args:
+        source: Any source :func:`lightning_lmdb.sources.base.scan_source` reads: a folder in ImageFolder layout (one subfolder per
+            class) or a flat folder of images, a manifest (.csv/.tsv/.jsonl, or a folder with metadata.csv/.jsonl; read as
+            ``options.manifest`` says), a map-style ``Dataset``, or a source of a registered kind.
+        target: The database file to create, e.g. ``data/train.lmdb``. Must not lie inside ``source``.
+        options: How to build (:class:`~lightning_lmdb.options.BuildOptions`; default options when ``None``).
+        **overrides: Any option by name, e.g. ``storage="decoded"``, ``workers=0``, ``on_error="skip"``,
+            ``on_stale="ignore"``, ``overwrite=True``, ``max_pixels=None``, ``commit_every=500``,
+            ``progress=False``, ``shards=4`` (``target`` becomes a folder of 4 shard files and a manifest,
+            see :mod:`lightning_lmdb.store.shards`), ``shard=1`` (with ``shards``: build that shard alone) (see
+            :class:`~lightning_lmdb.options.BuildOptions` for each).
+
+    Returns:
+        The path of the finished database (with ``shard``: the folder, which is finished once every shard is).
+
+    Raises:
+        FileNotFoundError: No source (a path that does not exist).
+        ValueError: A bad option, no images, or a target inside the source.
+        FileExistsError: The target exists and is not a lightning_lmdb database (it is never touched).
+        BuildError: A bad file with ``on_error="raise"``.
+        StaleDatabaseError: The source changed, with ``on_stale="error"``.
+        DiskFullError: The disk filled up (a rerun with space resumes).
+    """
+    return build(source, target, options, **overrides).path
+
+
+def build(
+    source: str | os.PathLike[str], target: str | os.PathLike[str], options: BuildOptions | None = None, **overrides: Any
+) -> BuildReport:
+    """Like :func:`build_lmdb`, returning a :class:`BuildReport` of what was done."""
+    started = time.perf_counter()
+    options = (options or BuildOptions()).replace(**overrides) if overrides else (options or BuildOptions())
+    if isinstance(source, (str, os.PathLike)):
+        source_root: Any = Path(source).expanduser().resolve()
+        target = _checked_target(source_root, target)
+    else:  # a dataset (lightning_lmdb.sources.dataset): nothing on disk to keep the target out of
+        source_root, target = source, Path(target).expanduser().absolute()
+        if options.shards is not None:
+            raise OptionError(f"shards={options.shards} does not apply to a dataset source yet; build one file (leave shards unset).")
+    if options.shards is not None:
+        report = build_shards(source_root, target, options, None if options.shard is None else [options.shard])
+        report.seconds = time.perf_counter() - started
+        return report
+    if database.is_sharded(target):
+        raise FileExistsError(f"{str(target)!r} is a sharded database folder; build it with shards=K (CLI: --shards K), or choose "
+                              "another target for a single-file database. It is left untouched.")
+    meta = _existing_meta(target)  # a target that is not a database is refused before anything is created
+    if meta is not None and options.on_stale == "ignore" and not options.overwrite:
+        return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
+    scan = scan_source(source_root, options.manifest)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(target):
+        meta = _existing_meta(target)
+        if meta is not None and not options.overwrite:
+            if options.on_stale == "ignore" or database.is_current(meta, scan, options.content()):
+                return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
+            reason = database.stale_reason(target, meta, scan, options.content())
+            if options.on_stale == "error":
+                raise StaleDatabaseError(
+                    f"{str(target)!r} was built {reason}. Rebuild it with on_stale='rebuild' (CLI: --on-stale rebuild), "
+                    "or keep it as it is with on_stale='ignore'."
+                )
+            log.warning("%s was built %s; rebuilding it.", target, reason)  # a warning: seen outside Hydra too
+        report = _Writer(scan, target, options).run()
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,293 @@
+"""The folder source kind: scan a folder exactly like ``torchvision.datasets.ImageFolder``.
+
+Two layouts are accepted:
+
+* **ImageFolder layout** -- one subfolder per class. Classes, ``class_to_idx``, the file set and the
+  sample order come from torchvision's own ``find_classes`` / ``make_dataset`` /
+  ``IMG_EXTENSIONS``, so they equal ``ImageFolder`` on the same folder.
+* **Flat folder** -- images directly in the folder and no subfolders with images: samples without
+  labels (``classes == []``, every target ``-1``).
+
+The one difference from ImageFolder's file set: only regular files (and symbolic links to them) are
+images. A FIFO, socket or device named like an image would block or never end when read; it is listed
+apart (``SourceScan.special``) and never opened, and the builder refuses or skips it.
+
+**Images with masks** (segmentation): with ``SourceOptions(masks_dir=...)`` the folder is a folder of images paired with
+a folder of masks (:func:`scan_pairs`), not an ImageFolder: every image below it (any depth, named like an image), sorted by
+relative path, and for each the mask in ``masks_dir`` whose relative path without its extension is the image's
+(``images/a/1.jpg`` with ``masks/a/1.png``). The options ``ignore_index``, ``num_classes`` and ``classes`` apply then
+(:mod:`lightning_lmdb.sources.masks`). Without ``masks_dir``, a folder holding ``images/`` and ``masks/`` is an ImageFolder of two classes.
+
+**Given classes**: ``SourceOptions(classes=[...])`` maps an ImageFolder's class folders through that list instead of their
+sorted names (``LMDBDataModule`` maps its val and test folders through the training folder's classes this way): every class
+folder must be among them, and a class without a folder has no samples.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension, make_dataset
+
+from lightning_lmdb.errors import NotRegularFileError, OptionError, SourceError
+from lightning_lmdb.sources import masks
+from lightning_lmdb.sources.base import (
+    NO_TARGET,
+    Labels,
+    ManifestOptions,  # noqa: F401 (re-exported under its old name, as before; constructing it warns)
+    PrefixFingerprint,
+    SourceFile,
+    SourceOptions,
+    SourceScan,
+    describe_kind,
+    not_regular_reason,
+    read_file,
+)
+
+__all__ = ["DESCRIPTION", "NAME", "NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "SourceOptions", "SourceScan",
+           "accepts", "classes", "has_samples", "labels", "read_file", "scan", "scan_folder", "scan_pairs"]
+
+#: The options a folder paired with its masks takes (``masks_dir`` and how the mask values are read).
+_MASK_OPTIONS = ("masks_dir", "ignore_index", "num_classes", "classes", "target_kind")
+#: How many unmatched files an error names.
+_SHOWN = 5
+
+
+#: This source kind's name and what it accepts (:mod:`lightning_lmdb.sources.base`).
+NAME = "folder"
+DESCRIPTION = "an image folder (ImageFolder layout: one subfolder per class, or flat)"
+
+
+def accepts(source: object) -> bool:
+    """Whether ``source`` is a folder (this source kind; see :mod:`lightning_lmdb.sources.base`)."""
+    return isinstance(source, Path) and source.is_dir()
+
+
+def _no_options(folder: Path, options: SourceOptions | None) -> None:
+    """A folder's labels are its class folders (or, with ``masks_dir``, its masks): refuse other options instead of ignoring them."""
+    if options is None or options.is_default():
+        return
+    paired = options.masks_dir is not None
+    allowed = _MASK_OPTIONS if paired else ("classes",)
+    given = ", ".join(f"{name}={value!r}" for name, value in options.as_dict().items() if name not in allowed)
+    if given and paired:
+        raise OptionError(f"{given}: these options read a manifest; {str(folder)!r} is an image folder paired with its masks "
+                          f"(masks_dir=), which takes only {', '.join(_MASK_OPTIONS)}. Leave them unset.")
+    if given:
+        masked = any(getattr(options, name) is not None for name in ("ignore_index", "num_classes"))
+        raise OptionError(f"{given}: these options read a manifest, but {str(folder)!r} is an image folder (its labels are its class "
+                          f"folders). Pass {describe_kind('manifest')} instead, or leave these options unset"
+                          + (" (set masks_dir= to pair the folder with a folder of segmentation masks)." if masked else "."))
+
+
+def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
+    """The source-kind entry (:mod:`lightning_lmdb.sources.base`): :func:`scan_folder`, or :func:`scan_pairs` with ``masks_dir``."""
+    _no_options(source, options)
+    if options is not None and options.masks_dir is not None:
+        return scan_pairs(source, options)
+    return scan_folder(source, None if options is None else options.classes)
+
+
+def labels(folder: Path, options: SourceOptions | None = None) -> Labels:
+    """The classes and target kind: the class folders (``"class"``, or ``"none"`` for a flat folder), or with ``masks_dir``
+    the mask classes known before a build (:func:`lightning_lmdb.sources.masks.mask_labels`)."""
+    found, class_to_idx = classes(folder, options)
+    if options is not None and options.masks_dir is not None:
+        return masks.mask_labels(options)
+    return Labels(found, class_to_idx, "class" if found else "none")
+
+
+def has_samples(folder: Path, options: SourceOptions | None = None) -> bool:
+    """Whether ``folder`` holds at least one file named like an image, anywhere below it; stops at the first one found.
+
+    Cheap on a large folder (one listing of the folder and of its first class folder); a folder that
+    :func:`scan_folder` accepts always has one.
+    """
+    return any(has_file_allowed_extension(name, IMG_EXTENSIONS) for _, _, files in os.walk(folder, followlinks=True) for name in files)
+
+
+def classes(folder: Path, options: SourceOptions | None = None) -> tuple[list[str], dict[str, int]]:
+    """The class folders, as ``ImageFolder`` finds them (none for a flat folder); one listing, no scan. With ``masks_dir``: the
+    mask classes known before a build."""
+    _no_options(folder, options)
+    if options is not None and options.masks_dir is not None:
+        found = masks.mask_labels(options)
+        return found.classes, found.class_to_idx
+    try:
+        found, class_to_idx = find_classes(folder)
+    except FileNotFoundError:  # a flat folder
+        found, class_to_idx = [], {}
+    if options is not None and options.classes is not None:
+        return _given_classes(folder, found, options.classes)
+    return list(found), dict(class_to_idx)
+
+
+def _given_classes(root: Path, found: list[str], given: tuple[str, ...] | list[str]) -> tuple[list[str], dict[str, int]]:
+    """``given`` as the classes of ``root``, whose class folders are ``found``.
+
+    Raises:
+        SourceError: A class folder that is not among ``given``, or a flat folder (no class folders to map).
+    """
+    if not found:
+        raise SourceError(f"classes={list(given)!r} names class folders, but {str(root)!r} has none (a flat folder): leave classes "
+                          "unset, or put the images in one subfolder per class.")
+    unknown = [name for name in found if name not in given]
+    if unknown:
+        raise SourceError(f"{str(root)!r} has the class folder(s) {', '.join(map(repr, unknown))}, which are not among the classes "
+                          f"{list(given)!r}: add them to classes=, or move their images out.")
+    return list(given), {name: k for k, name in enumerate(given)}
+
+
+def scan_folder(source: str | os.PathLike[str], classes: tuple[str, ...] | list[str] | None = None) -> SourceScan:
+    """Scan ``source`` as ImageFolder would (or as a flat folder of images).
+
+    Args:
+        source: The folder to scan.
+        classes: The class names in index order (every class folder must be one); ``None``: the sorted class folders.
+
+    Returns:
+        The classes and the files in ImageFolder order.
+
+    Raises:
+        FileNotFoundError: ``source`` does not exist or is not a folder.
+        ValueError: ``source`` holds no image with one of ``IMG_EXTENSIONS``, or a class folder that is not among ``classes``.
+    """
+    root = Path(source).expanduser().resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"Source folder {str(source)!r} does not exist or is not a folder. Pass the folder that holds your images.")
+    try:
+        found, class_to_idx = find_classes(root)
+    except FileNotFoundError:
+        found, class_to_idx = [], {}
+    folders = dict(class_to_idx)  # the class folders, each with its target
+    if classes is not None:
+        classes, class_to_idx = _given_classes(root, found, classes)
+        folders = {name: class_to_idx[name] for name in found}
+    else:
+        classes = found
+    if classes:
+        try:
+            samples = make_dataset(root, folders, IMG_EXTENSIONS)
+        except FileNotFoundError as exc:
+            raise SourceError(
+                f"{exc} in {str(root)!r}. ImageFolder refuses such a folder too: add images to each class folder "
+                "or remove the empty ones."
+            ) from exc
+    else:
+        samples = sorted(
+            (entry.path, NO_TARGET)
+            for entry in os.scandir(root)
+            # Not is_file(): like make_dataset's os.walk, keep FIFOs, devices and dangling links, reported below.
+            if not entry.is_dir() and has_file_allowed_extension(entry.name, IMG_EXTENSIONS)
+        )
+    if not samples:
+        raise SourceError(
+            f"No images found in {str(root)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in one "
+            "subfolder per class (ImageFolder layout) or directly in the folder. Check the path."
+        )
+    files, special = [], []
+    for path, target in samples:
+        relpath = Path(path).relative_to(root).as_posix()
+        try:
+            st = os.stat(path)
+            size, mtime_ns = st.st_size, st.st_mtime_ns
+        except OSError:  # e.g. a dangling symlink: the builder reports it when it fails to read it
+            size, mtime_ns = 0, 0
+        else:
+            if not stat.S_ISREG(st.st_mode):
+                special.append((relpath, not_regular_reason(st.st_mode)))
+                continue
+        files.append(SourceFile(path=path, relpath=relpath, target=target, size=size, mtime_ns=mtime_ns))
+    return SourceScan(root=root, classes=list(classes), class_to_idx=dict(class_to_idx), files=files, special=special)
+
+
+
+
+def scan_pairs(source: str | os.PathLike[str], options: SourceOptions) -> masks.MaskScan:
+    """Scan a folder of images paired with the folder of their masks, ``options.masks_dir`` (see the module docstring).
+
+    Raises:
+        FileNotFoundError: ``source`` does not exist or is not a folder.
+        SourceError: ``masks_dir`` is not a folder, or one of the two folders holds the other; no images; images or masks
+            without their pair, or several files of one folder with one name but for the extension (the first few named).
+        OptionError: As :func:`lightning_lmdb.sources.masks.mask_scan`.
+    """
+    root = Path(source).expanduser().resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"Source folder {str(source)!r} does not exist or is not a folder. Pass the folder that holds your images.")
+    masks_root = Path(str(options.masks_dir)).expanduser().resolve()
+    if not masks_root.is_dir():
+        raise SourceError(f"masks_dir={options.masks_dir!r} is not a folder ({str(masks_root)!r}); pass the folder that holds the masks "
+                          f"of the images in {str(root)!r}.")
+    if masks_root == root or masks_root.is_relative_to(root) or root.is_relative_to(masks_root):
+        raise SourceError(f"The images folder {str(root)!r} and masks_dir {str(masks_root)!r} are one or hold each other: the masks would "
+                          "be scanned as images. Keep them side by side, e.g. data/images and data/masks.")
+    images, mask_files = _image_files(root), _image_files(masks_root)
+    if not images:
+        raise SourceError(f"No images found in {str(root)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} (at any depth). "
+                          "Check the path.")
+    by_stem = _by_stem(masks_root, mask_files)
+    stems = _by_stem(root, images)
+    alone = [rel for rel in images if _stem(rel) not in by_stem], [rel for rel in mask_files if _stem(rel) not in stems]
+    if any(alone):
+        said = [f"{len(found)} {what} ({_shown(found)})" for found, what in zip(alone, (f"image(s) in {str(root)!r} without a mask in "
+                f"{str(masks_root)!r}", f"mask(s) in {str(masks_root)!r} without an image in {str(root)!r}"), strict=True) if found]
+        raise SourceError(f"{'; '.join(said)}. An image's mask has its path relative to masks_dir without the extension (images/a/1.jpg "
+                          "pairs with masks/a/1.png): add or rename the missing files, or remove the extra ones.")
+    files, special = [], []
+    for relpath in images:
+        path, mask_rel = str(root / relpath), by_stem[_stem(relpath)]
+        mask = str(masks_root / mask_rel)
+        size, mtime, problem = _stat(path, "")
+        mask_size, mask_mtime, mask_problem = _stat(mask, f"its mask {mask_rel!r} ")
+        if problem or mask_problem:
+            special.append((relpath, problem or mask_problem or ""))
+            continue
+        files.append(SourceFile(path, relpath, NO_TARGET, size, mtime, mask=mask, mask_size=mask_size, mask_mtime_ns=mask_mtime))
+    return masks.mask_scan(root, files, special, options, {"masks_dir": str(masks_root)})
+
+
+def _image_files(folder: Path) -> list[str]:
+    """The relative paths (``/`` separators) of every file named like an image below ``folder``, sorted."""
+    found = []
+    for parent, _, names in os.walk(folder, followlinks=True):
+        prefix = Path(parent).relative_to(folder).as_posix()
+        found += [name if prefix == "." else f"{prefix}/{name}" for name in names if has_file_allowed_extension(name, IMG_EXTENSIONS)]
+    return sorted(found)
+
+
+def _stem(relpath: str) -> str:
+    return os.path.splitext(relpath)[0]
+
+
+def _by_stem(folder: Path, relpaths: list[str]) -> dict[str, str]:
+    """Each relative path by its stem (the path without its extension).
+
+    Raises:
+        SourceError: Several files with one stem (``a/1.png`` and ``a/1.bmp``): which is whose pair is unclear.
+    """
+    found: dict[str, list[str]] = {}
+    for relpath in relpaths:
+        found.setdefault(_stem(relpath), []).append(relpath)
+    twice = [names for names in found.values() if len(names) > 1]
+    if twice:
+        shown = "; ".join(" and ".join(names) for names in twice[:_SHOWN]) + (" ..." if len(twice) > _SHOWN else "")
+        raise SourceError(f"{str(folder)!r} holds files with one name but for the extension ({shown}): an image and its mask are paired "
+                          "by the name without the extension, so which pair they belong to is unclear. Rename or remove one of each.")
+    return {stem: names[0] for stem, names in found.items()}
+
+
+def _shown(relpaths: list[str]) -> str:
+    return ", ".join(relpaths[:_SHOWN]) + (f", ... ({len(relpaths)} in all)" if len(relpaths) > _SHOWN else "")
+
+
+def _stat(path: str, what: str) -> tuple[int, int, str | None]:
+    """``(size, mtime_ns, None)`` of a file (``0, 0`` when unreadable, e.g. a dangling link: the build reports it), or
+    ``(0, 0, reason)`` for a FIFO, socket, device or folder (``what`` starts the reason)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0, 0, None
+    return st.st_size, st.st_mtime_ns, (None if stat.S_ISREG(st.st_mode) else f"{what}{not_regular_reason(st.st_mode)}")
