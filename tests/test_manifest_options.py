@@ -161,7 +161,7 @@ def test_manifest_options_is_silent_to_import_and_warns_when_constructed() -> No
         warnings.simplefilter("error")
         from lightning_lmdb.sources import ManifestOptions  # a stable import path: reading it never warns
         assert isinstance(SourceOptions(), ManifestOptions) and issubclass(SourceOptions, ManifestOptions)
-    with pytest.warns(DeprecationWarning, match=r"sources(\.base)?\.ManifestOptions is deprecated, use lightning_lmdb\.sources(\.base)?\.SourceOptions"):
+    with pytest.warns(DeprecationWarning, match=r"ManifestOptions is deprecated, use lightning_lmdb\.sources(\.base)?\.SourceOptions"):
         old = ManifestOptions(label_column="tags", label_sep="|", classes=["a", "b"])
     assert type(old) is SourceOptions and old == EXPECTED, "an instance made through the old name is a plain SourceOptions"
     with pytest.warns(DeprecationWarning, match="SourceOptions"):

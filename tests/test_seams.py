@@ -1,6 +1,7 @@
 """The extension seams, each added from the test alone through its registration function: a source kind
 (``sources.register_source_kind``; the ``list`` kind of ``seamkit``), a storage mode and a record codec
-(``codec.register_storage_mode`` / ``codec.register_record_codec``) and a decoder (``decoders.register_decoder``)."""
+(``codec.register_storage_mode`` / ``codec.register_record_codec``), a decoder (``decoders.register_decoder``) and a target kind
+(``targets.register_target_kind``; the ``keypoints`` kind of ``seamkit``, with its loss: ``target_losses.register_loss``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,15 +20,16 @@ from hydra.utils import instantiate
 from imagegen import read_records
 from PIL import Image
 
-from lightning_lmdb import options
+from lightning_lmdb import options, targets
 from lightning_lmdb.build.writer import build_lmdb
 from lightning_lmdb.codec import decoders
 from lightning_lmdb.codec import storage as codec
 from lightning_lmdb.datamodule.module import LMDBDataModule
 from lightning_lmdb.errors import DatabaseError, OptionError
 from lightning_lmdb.read.dataset import LMDBImageDataset
-from lightning_lmdb.read.transforms import eval_transform
+from lightning_lmdb.read.transforms import ResizedCrop, eval_transform
 from lightning_lmdb.sources import base as sources
+from lightning_lmdb.store.database import load_meta
 from lightning_lmdb.tools.cli import make_parser
 from lightning_lmdb.tools.verify import verify_lmdb
 
@@ -261,3 +264,123 @@ def test_a_decoder_reaches_spawned_workers_through_a_module_they_import(negative
     plain = LMDBImageDataset(target, decoder="negative")  # nothing the worker unpickles imports seamdecoder
     with pytest.raises(Exception, match="register_decoder"):
         _read_all(plain, "spawn")
+
+
+@pytest.fixture
+def keypoints_kind():
+    """``seamkit``'s ``keypoints`` target kind and its toy-model loss, registered at run time (not on the module's import)."""
+    import seamkit
+
+    from lightning_lmdb.experiment import target_losses
+
+    kind = targets.register_target_kind(seamkit.KeypointsKind())
+    target_losses.register_loss("keypoints", seamkit.keypoints_loss, seamkit.keypoints_metric, metric_name="mae")
+    yield kind
+    targets.unregister_target_kind("keypoints")
+    target_losses.unregister_loss("keypoints")
+
+
+def _points_db(tmp_path: Path, count: int = 4) -> Path:
+    import seamkit
+
+    return build_lmdb(seamkit.PointImages(count), tmp_path / "points.lmdb", workers=0, progress=False,
+                      manifest={"target_kind": "keypoints", "version": 1})
+
+
+def test_a_target_kind_is_one_registry_entry(keypoints_kind, tmp_path: Path) -> None:
+    """Registered from the test alone: a Dataset of points builds, stores them as typed arrays and serves them."""
+    assert "keypoints" in sources.TARGET_KINDS and sources.SourceOptions(target_kind="keypoints").target_kind == "keypoints"
+    target = _points_db(tmp_path)
+
+    meta = load_meta(target)
+    assert meta.target_kind == "keypoints" and meta.version == 3
+    assert meta.label_offsets.tolist() == [0, 2, 6, 8, 12] and meta.values.tolist() == [3, 1, 3, 1, 4, 4, 3, 1, 3, 1, 4, 4]
+    plain = LMDBImageDataset(target)
+    assert [plain[i][1].tolist() for i in range(2)] == [[[3.0, 1.0]], [[3.0, 1.0], [4.0, 4.0]]]
+    assert verify_lmdb(target).ok
+    targets.unregister_target_kind("keypoints")
+    with pytest.raises(DatabaseError, match=r"holds targets of kind 'keypoints', not one of 'class', .*register_target_kind\(\)"):
+        LMDBImageDataset(target)
+
+
+def test_a_manifest_column_feeds_a_registered_target_kind(keypoints_kind, tmp_path: Path) -> None:
+    """A JSON Lines manifest's column of points, read through the kind's ``hold``; a cell it refuses is named by its line."""
+    import json
+
+    for i in range(2):
+        Image.new("RGB", (8, 8)).save(tmp_path / f"{i}.png")
+    rows = [{"path": "0.png", "points": [1, 2, 3, 4]}, {"path": "1.png", "points": []}]
+    manifest = tmp_path / "points.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    target = build_lmdb(manifest, tmp_path / "m.lmdb", workers=0, progress=False,
+                        manifest={"target_kind": "keypoints", "label_column": "points"})
+    served = LMDBImageDataset(target)
+    assert served.target_kind == "keypoints" and [served[i][1].tolist() for i in range(2)] == [[[1.0, 2.0], [3.0, 4.0]], []]
+    manifest.write_text(json.dumps({"path": "0.png", "points": [1, 2, 3]}) + "\n")
+    with pytest.raises(Exception, match=r"line 1.*not a flat list of x, y coordinates"):
+        build_lmdb(manifest, tmp_path / "bad.lmdb", workers=0, progress=False,
+                   manifest={"target_kind": "keypoints", "label_column": "points"})
+
+
+def test_a_target_kinds_geometry_moves_its_points_with_the_image(keypoints_kind, tmp_path: Path) -> None:
+    target = _points_db(tmp_path)
+    # the whole 8 x 8 image resized to 4 x 4 (scale and ratio 1: the crop is the image) and always flipped
+    flipped = LMDBImageDataset(target, transform=ResizedCrop(4, train=True, scale=(1.0, 1.0), ratio=(1.0, 1.0), hflip=1.0),
+                               decoder="pil")
+    image, points = flipped[1]
+    # (3, 1) -> (1.5, 0.5) at half size -> x mirrored: (4 - 1.5, 0.5); (4, 4) -> (2, 2) -> (2, 2)
+    assert points.tolist() == [[2.5, 0.5], [2.0, 2.0]]
+    brightest = divmod(int(image[0].argmax()), 4)  # (row, column) of the white block's pixel after the resize and the flip
+    assert image.shape == (3, 4, 4) and brightest == (0, 2), "the white block moved where its point (x 2.5, y 0.5) did"
+    # evaluation: the shorter side resized to 6 (resize_ratio 1.5), then the centre 4 x 4 (1 pixel off each side)
+    centred, = [LMDBImageDataset(target, transform=eval_transform(4, resize_ratio=1.5))[1][1]]
+    assert centred.tolist() == [[(3 * 6 / 8) - 1, (1 * 6 / 8) - 1], [2.0, 2.0]]
+
+
+def test_an_unknown_target_kind_is_refused_naming_it_the_kinds_and_how_to_register() -> None:
+    with pytest.raises(OptionError, match=r"target_kind='keypoints' is not one of 'class', .*'mask'.*register_target_kind"):
+        targets.target_kind("keypoints")
+    with pytest.raises(OptionError, match=r"target_kind='keypoints' is not one of .*\(or None to infer it\).*register_target_kind"):
+        sources.SourceOptions(target_kind="keypoints")
+    assert [kind.name for kind in targets.target_kinds()] == ["class", "multilabel", "regression", "none", "mask"]
+
+
+def _train_points(tmp_path: Path, context: str | None) -> list[list[int]]:
+    """Trains ``ToyCNN`` on the points database a few steps (``context``: its loader workers' start method); the number of
+    points of each image of each batch the model got."""
+    import lightning.pytorch as pl
+    import seamkit
+
+    from lightning_lmdb.experiment.toy_model import ToyCNN
+
+    seen: list[list[int]] = []
+
+    class Model(ToyCNN):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            images, points = batch
+            assert isinstance(points, list) and images.shape == (len(points), 3, 4, 4)
+            seen.append([len(p) for p in points])
+            return super().training_step(batch, batch_idx)
+
+    data = LMDBDataModule(train_dir=seamkit.PointImages(6), manifest={"target_kind": "keypoints", "version": 1}, val_fraction=0,
+                          cache_dir=tmp_path / "cache", batch_size=3, num_workers=1 if context else 0, image_size=4,
+                          multiprocessing_context=context, shuffle=False, persistent_workers=False)
+    assert data.target_kind == "keypoints"
+    model = Model(target_kind="keypoints", num_outputs=2, width=4)
+    trainer = pl.Trainer(max_steps=4, max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, datamodule=data)
+    assert torch.isfinite(trainer.callback_metrics["train/loss"]) and "train/mae" in trainer.callback_metrics
+    return seen
+
+
+def test_a_datamodule_trains_on_a_registered_target_kind(keypoints_kind, tmp_path: Path) -> None:
+    assert _train_points(tmp_path, None) == [[1, 2, 1], [2, 1, 2]] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_target_kind_registered_at_run_time_reaches_loader_workers(keypoints_kind, tmp_path: Path, context: str) -> None:
+    """A spawned worker starts a fresh interpreter where seamkit registers nothing: the kind arrives with the dataset (a
+    registered kind pickles by its class and registers itself where it is unpickled)."""
+    assert _train_points(tmp_path, context) == [[1, 2, 1], [2, 1, 2]] * 2

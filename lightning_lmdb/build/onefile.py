@@ -411,7 +411,7 @@ class _Writer:
             checksums=checksums,
             shard=self.shard,
             target_kind=table.kind,
-            target_names=list(found.target_names) if table.kind == "regression" else [],
+            target_names=list(found.target_names),
             labels=table.labels,
             label_offsets=table.offsets,
             values=table.values,

@@ -35,6 +35,7 @@ from lightning_lmdb.sources import folder, manifest
 from lightning_lmdb.sources.base import SourceScan, scan_source
 from lightning_lmdb.store import database, fsops
 from lightning_lmdb.store.format import DatabaseError, Metadata
+from lightning_lmdb.targets import target_kind
 from lightning_lmdb.tools import netfs
 from lightning_lmdb.tools.staging import stage, staged_path
 
@@ -434,7 +435,7 @@ class RawBackend(ServingBackend):
         if dataset is not None:
             return SourceDataset.from_reads(dataset, self.sample_reads(split, scan))
         found = self.labels.get(split)  # a mask source's classes, found before setup (mask_labels)
-        classes = found.classes if found is not None and scan.target_kind == "mask" else None
+        classes = found.classes if found is not None and target_kind(str(scan.target_kind)).in_record else None
         if options.on_error != "skip":
             return RawImageDataset.from_scan(scan, classes=classes)
         bad = find_bad_files(scan, max_pixels=options.max_pixels, workers=options.workers)

@@ -6,6 +6,7 @@ from typing import Any
 
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.sources import masks
+from lightning_lmdb.targets import target_kind
 
 
 class TargetsMixin:
@@ -42,7 +43,7 @@ class TargetsMixin:
         not a class): its database's, else ``source_options={"ignore_index": ...}``, else 255. ``None`` for the other kinds."""
         for dataset in self.datasets.values():  # type: ignore[attr-defined]
             return dataset.ignore_index
-        if self.target_kind != "mask":
+        if not target_kind(self.target_kind).in_record:  # a mask source's alone
             return None
         meta = self._backend.served_meta()[2]  # type: ignore[attr-defined]
         found = getattr(meta, "ignore_index", None) if meta is not None else self.build_options.manifest.ignore_index  # type: ignore[attr-defined]
@@ -70,7 +71,7 @@ class TargetsMixin:
         if dataset is not None:
             return dataset.classes, dataset.class_to_idx
         labels = self._backend.split_labels()
-        if labels.target_kind == "mask" and not labels.classes:  # known from the masks: by the build, or by reading them
+        if target_kind(labels.target_kind).in_record and not labels.classes:  # known from the masks: by the build, or by reading them
             labels = self._backend.mask_labels(next(s for s, d in self.sources.items() if d is not None))
         return labels.classes, labels.class_to_idx
 

@@ -40,8 +40,10 @@ class LoadersMixin:
             multiprocessing_context=self.multiprocessing_context if workers else None,
         )
         dataset = self.datasets[split]
-        if self.decode_device is not None:
-            settings["collate_fn"] = Collate(cast(ResizedCrop, dataset.transform))
+        kind = getattr(dataset, "target_entry", None)
+        custom = kind if kind is not None and kind.custom_collate else None  # its targets collated by their kind (a list, ...)
+        if self.decode_device is not None or custom is not None:
+            settings["collate_fn"] = Collate(cast(ResizedCrop, dataset.transform) if self.decode_device is not None else None, custom)
         if not train:
             return DataLoader(dataset, shuffle=False, **settings)
         shuffle = self.train_shuffle if self.train_shuffle is not None else (True if self.shuffle is None else self.shuffle)

@@ -3,18 +3,10 @@
 Both are cheap enough that the data loader, not the model, is what a run measures; with ``NoOpModel``
 (``python train.py model=noop``) an epoch takes as long as the loader needs to produce its batches.
 
-``ToyCNN`` learns whatever target the data serves (``target_kind``, see :mod:`lightning_lmdb.targets`):
-
-============== ================================ ============================= ==============================================
-kind           batch targets                    loss                          metric (besides ``{stage}/loss``)
-============== ================================ ============================= ==============================================
-``class``      ``int64`` ``[N]``                cross-entropy                 ``{stage}/acc``: top-1 accuracy
-``multilabel`` ``float32`` multi-hot ``[N, C]`` binary cross-entropy (logits) ``{stage}/f1``: micro F1, logits above 0 positive
-``regression`` ``float32`` ``[N, K]``           mean squared error            ``{stage}/mae``: mean absolute error
-``mask``       ``int64`` ``[N, H, W]``          per-pixel cross-entropy,      ``{stage}/miou``: mean IoU over the classes
-                                                ``ignore_index`` left out     present (:class:`MeanIoU`)
-``none``       ``-1``                           refused: nothing to learn
-============== ================================ ============================= ==============================================
+``ToyCNN`` learns whatever target the data serves (``target_kind``, see :mod:`lightning_lmdb.targets`), with the loss and
+metric registered for the kind's name in :mod:`lightning_lmdb.experiment.target_losses` (cross-entropy and accuracy for
+``class``, binary cross-entropy and micro F1 for ``multilabel``, mean squared and absolute error for ``regression``, per-pixel
+cross-entropy and mean IoU for ``mask``; ``none`` is refused: nothing to learn). A kind of yours is one ``register_loss`` call.
 
 For ``mask`` (segmentation) ``ToyCNN`` is fully convolutional: the same three strided blocks without the pooling, a 1x1
 convolution to one logit per class, and the logits upsampled bilinearly to the input's ``H x W`` (a ``[N, C, H, W]`` output).
@@ -36,73 +28,25 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torchmetrics import Metric
-from torchmetrics.classification import MultilabelF1Score
 
 from lightning_lmdb.errors import OptionError, SourceError
-from lightning_lmdb.sources.base import TARGET_KINDS
+from lightning_lmdb.experiment.target_losses import MeanIoU, target_loss
 from lightning_lmdb.sources.masks import DEFAULT_IGNORE_INDEX
+from lightning_lmdb.targets import kind_names
+
+__all__ = ["MeanIoU", "NoOpModel", "ToyCNN"]
 
 #: The stages whose steps log metrics.
 _STAGES = ("train", "val", "test")
 
 
 def _check_kind(target_kind: str) -> str:
-    """``target_kind``, or an :class:`OptionError` that names it when it is not one of :data:`~lightning_lmdb.sources.base.TARGET_KINDS`."""
-    if target_kind not in TARGET_KINDS:
-        raise OptionError(f"target_kind={target_kind!r} is not one of {', '.join(map(repr, TARGET_KINDS))}. "
+    """``target_kind``, or an :class:`OptionError` that names it when it is not a registered target kind
+    (:func:`lightning_lmdb.targets.target_kinds`)."""
+    if target_kind not in kind_names():
+        raise OptionError(f"target_kind={target_kind!r} is not one of {', '.join(map(repr, kind_names()))}. "
                           "Pass the data's kind (train.py passes datamodule.target_kind).")
     return target_kind
-
-
-class MeanIoU(Metric):
-    """Mean intersection over union of a segmentation, from the intersections and unions per class summed over the updates.
-
-    Pixels whose target is ``ignore_index`` are left out (whatever was predicted there). Per class ``c``, over all updates:
-    intersection = pixels predicted ``c`` whose target is ``c``; union = pixels predicted ``c`` or whose target is ``c``. The
-    mean is over the classes present, those with a union above 0 (in the targets or in the predictions: a class predicted but
-    never labelled has an IoU of 0); ``nan`` when every pixel was ignored. The counts are summed across processes (DDP).
-
-    Args:
-        num_classes: The classes; targets (other than ``ignore_index``) and predictions are ``0 .. num_classes - 1``.
-        ignore_index: The target value of unlabelled pixels.
-    """
-
-    full_state_update = False
-    intersection: torch.Tensor
-    union: torch.Tensor
-
-    def __init__(self, num_classes: int, ignore_index: int = DEFAULT_IGNORE_INDEX):
-        super().__init__()
-        self.num_classes = num_classes
-        self.ignore_index = ignore_index
-        self.add_state("intersection", torch.zeros(num_classes, dtype=torch.int64), dist_reduce_fx="sum")
-        self.add_state("union", torch.zeros(num_classes, dtype=torch.int64), dist_reduce_fx="sum")
-
-    def update(self, predicted: torch.Tensor, targets: torch.Tensor) -> None:
-        """Add a batch: ``predicted`` class ids and ``targets`` of the same shape (e.g. ``[N, H, W]``), integers.
-
-        Counted with fixed-size scatters (no boolean indexing), so an update never waits for the device.
-        """
-        valid = (targets != self.ignore_index).flatten()
-        predicted = torch.where(valid, predicted.flatten(), 0)
-        targets = torch.where(valid, targets.flatten(), 0)
-        ones = valid.to(torch.int64)
-        hits = ones * (predicted == targets)
-
-        def per_class(ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-            return torch.zeros(self.num_classes, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, weights)
-
-        intersection = per_class(targets, hits)
-        self.intersection += intersection
-        self.union += per_class(predicted, ones) + per_class(targets, ones) - intersection
-
-    def compute(self) -> torch.Tensor:
-        """The mean IoU over the classes present (``nan`` when none is)."""
-        present = self.union > 0
-        if not bool(present.any()):
-            return torch.tensor(float("nan"), device=self.union.device)
-        return (self.intersection[present].float() / self.union[present].float()).mean()
 
 
 class ToyCNN(pl.LightningModule):
@@ -118,7 +62,8 @@ class ToyCNN(pl.LightningModule):
         width: Channels of the first block (doubled in each next one).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
-        target_kind: ``"class"``, ``"multilabel"``, ``"regression"`` or ``"mask"`` (``"none"`` is refused: nothing to learn).
+        target_kind: ``"class"``, ``"multilabel"``, ``"regression"`` or ``"mask"`` (``"none"`` is refused: nothing to learn), or a
+            kind of yours with a loss registered (:func:`lightning_lmdb.experiment.target_losses.register_loss`).
         num_outputs: Size of the head: the number of classes (``class``, ``multilabel``, ``mask``) or of values per sample
             (``regression``: ``len(datamodule.target_names)``); ``None`` for ``num_classes``.
         ignore_index: For ``mask``: the mask value of unlabelled pixels, left out of the loss and the mean IoU
@@ -134,23 +79,18 @@ class ToyCNN(pl.LightningModule):
         super().__init__()
         kind = _check_kind(target_kind)
         outputs = num_classes if num_outputs is None else num_outputs
-        if kind == "none":
-            raise SourceError("target_kind='none': the data has no labels (a flat folder, or a manifest without a label column), so there "
-                              "is nothing to learn. Use a folder with one subfolder per class, or a manifest with a label column "
-                              "(Hydra: data.source_options.label_column=...); model=noop runs on unlabelled data.")
-        if kind == "regression" and outputs < 1:
-            raise OptionError(f"num_outputs={outputs}: a regression head needs one output per target value (K >= 1). "
-                              "Pass num_outputs=len(datamodule.target_names).")
-        if kind == "mask" and outputs < 1:
-            raise SourceError(f"num_outputs={outputs}: the masks have no classes (no value below ignore_index={ignore_index}). "
-                              "Pass the number of classes (Hydra: data.source_options.num_classes=...), or check the masks' values.")
+        learned = target_loss(kind)
+        if learned.refused is not None:
+            raise SourceError(learned.refused)
+        if learned.check_outputs is not None:
+            learned.check_outputs(outputs, ignore_index)
         if outputs < 1:
             raise SourceError(
                 f"num_classes={outputs}: the data has no classes (a flat folder?). Use a folder with one subfolder per class, "
                 "or a manifest with a label column."
             )
         # ignore_index matters to masks only: the other kinds' hyperparameters (and checkpoints) stay as they were
-        self.save_hyperparameters(ignore=[] if kind == "mask" else ["ignore_index"])
+        self.save_hyperparameters(ignore=[] if learned.uses_ignore_index else ["ignore_index"])
         self.target_kind = kind
         self.num_outputs = outputs
         self.ignore_index = ignore_index
@@ -160,90 +100,47 @@ class ToyCNN(pl.LightningModule):
             return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
 
         blocks = (block(3, width), block(width, 2 * width), block(2 * width, 4 * width))
-        if kind == "mask":  # fully convolutional: a logit per class at 1/8 of the input's size, upsampled in forward
+        if learned.dense:  # fully convolutional: a logit per class at 1/8 of the input's size, upsampled in forward
             self.features = nn.Sequential(*blocks)
             self.head: nn.Module = nn.Conv2d(4 * width, outputs, 1)
-            self.miou = nn.ModuleDict({f"{stage}_miou": MeanIoU(outputs, ignore_index) for stage in _STAGES})
         else:
             self.features = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1))
             self.head = nn.Linear(4 * width, outputs)
-        if kind == "multilabel":  # one per stage, summed over the epoch; their states are not in the checkpoint
-            self.f1 = nn.ModuleDict({
-                f"{stage}_f1": MultilabelF1Score(num_labels=outputs, average="micro", threshold=0.5, validate_args=False)
-                for stage in _STAGES
-            })
+        if learned.metric_state is not None:  # one per stage, summed over the epoch; their states are not in the checkpoint
+            name = learned.metric_name
+            setattr(self, name, nn.ModuleDict({f"{stage}_{name}": learned.metric_state(outputs, ignore_index) for stage in _STAGES}))
+        self._dense = learned.dense
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """The head's outputs for a batch of images: class logits (``class``, ``multilabel``), values (``regression``), or
-        per-pixel class logits ``[N, C, H, W]`` at the images' ``H x W`` (``mask``)."""
-        if self.target_kind == "mask":
+        per-pixel class logits ``[N, C, H, W]`` at the images' ``H x W`` (``mask``: a dense kind)."""
+        if self._dense:
             return F.interpolate(self.head(self.features(images)), size=images.shape[-2:], mode="bilinear", align_corners=False)
         return self.head(self.features(images).flatten(1))
 
-    def _check_targets(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+    def _check_targets(self, outputs: torch.Tensor, targets: Any) -> None:
         """An :class:`OptionError` when ``targets`` are not what the target kind serves (a model built for other data)."""
-        kind = self.target_kind
-        if kind == "class":
-            if targets.ndim == 1 and not targets.is_floating_point():
-                return
-            expected = "int64 [N]"
-        elif kind == "mask":
-            n, _, h, w = outputs.shape
-            if targets.shape == (n, h, w) and not targets.is_floating_point() and targets.dtype != torch.bool:
-                return
-            expected = f"int64 [N, H, W] = {[n, h, w]}, the images' size"
-        elif targets.shape == outputs.shape:
+        expects = target_loss(self.target_kind).expects
+        expected = None if expects is None else expects(self, outputs, targets)
+        if expected is None:
             return
-        else:
-            expected = f"float32 [N, {self.num_outputs}]"
-        raise OptionError(f"ToyCNN(target_kind={kind!r}, num_outputs={self.num_outputs}) got targets of dtype {targets.dtype} and "
-                          f"shape {list(targets.shape)}, not {expected}. Build it with the data's target_kind and output size "
+        kind, shown = self.target_kind, (f"of dtype {targets.dtype} and shape {list(targets.shape)}" if isinstance(targets, torch.Tensor)
+                                         else f"of type {type(targets).__name__}")
+        raise OptionError(f"ToyCNN(target_kind={kind!r}, num_outputs={self.num_outputs}) got targets {shown}, not {expected}. Build it "
+                          "with the data's target_kind and output size "
                           "(datamodule.target_kind; datamodule.num_classes, or len(datamodule.target_names) for regression).")
 
-    def _check_mask_values(self, masks: torch.Tensor, stage: str) -> None:
-        """An :class:`OptionError` when a mask value is neither a class nor ``ignore_index`` (checked on a stage's first batch only:
-        the check waits for the device)."""
-        if stage in self._values_checked:
-            return
-        self._values_checked.add(stage)
-        bad = ((masks < 0) | (masks >= self.num_outputs)) & (masks != self.ignore_index)
-        if bool(bad.any()):
-            values = sorted(set(masks[bad].unique().tolist()))[:10]
-            raise OptionError(f"ToyCNN(target_kind='mask', num_outputs={self.num_outputs}, ignore_index={self.ignore_index}) got mask "
-                              f"values {values}: neither a class (0 .. {self.num_outputs - 1}) nor the ignore value. Build it with "
-                              "num_outputs=datamodule.num_classes and ignore_index=datamodule.ignore_index.")
-
-    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
+    def _step(self, batch: tuple[torch.Tensor, Any], stage: str) -> torch.Tensor:
         images, targets = batch
         outputs = self(images)
         self._check_targets(outputs, targets)
-        count = len(targets)
-        log = {"prog_bar": True, "on_step": False, "on_epoch": True, "batch_size": count}
-        if self.target_kind == "mask":
-            targets = targets.long()
-            self._check_mask_values(targets, stage)
-            labelled = (targets != self.ignore_index).sum()
-            # the mean over the labelled pixels (F.cross_entropy's mean), 0 rather than nan for a batch without any
-            loss = F.cross_entropy(outputs, targets, ignore_index=self.ignore_index, reduction="sum") / labelled.clamp_min(1)
-            miou = self.miou[f"{stage}_miou"]
-            miou.update(outputs.detach().argmax(1), targets)
-            self.log(f"{stage}/loss", loss, **log)
-            self.log(f"{stage}/miou", miou, **log)
-            return loss
-        if self.target_kind == "class":
-            loss = F.cross_entropy(outputs, targets)
-            self.log_dict({f"{stage}/loss": loss, f"{stage}/acc": (outputs.argmax(1) == targets).float().mean()}, **log)
-            return loss
-        targets = targets if targets.is_floating_point() else targets.float()
-        if self.target_kind == "multilabel":
-            loss = F.binary_cross_entropy_with_logits(outputs, targets)
-            f1 = self.f1[f"{stage}_f1"]
-            f1.update((outputs.detach() > 0).int(), (targets > 0.5).int())
-            self.log(f"{stage}/loss", loss, **log)
-            self.log(f"{stage}/f1", f1, **log)
-            return loss
-        loss = F.mse_loss(outputs, targets)
-        self.log_dict({f"{stage}/loss": loss, f"{stage}/mae": (outputs.detach() - targets).abs().mean()}, **log)
+        learned = target_loss(self.target_kind)
+        log = {"prog_bar": True, "on_step": False, "on_epoch": True, "batch_size": len(targets)}
+        assert learned.loss is not None
+        loss = learned.loss(self, outputs, targets, stage)
+        self.log(f"{stage}/loss", loss, **log)
+        if learned.metric is not None:
+            self.log(f"{stage}/{learned.metric_name}", learned.metric(self, outputs, targets, stage), **log)
         return loss
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -287,7 +184,7 @@ class NoOpModel(pl.LightningModule):
         ignore_index: The masks' ignore value (``mask`` data; kept in the hyperparameters only).
 
     Raises:
-        OptionError: A ``target_kind`` that is not one of ``"class"``, ``"multilabel"``, ``"regression"``, ``"none"``, ``"mask"``.
+        OptionError: A ``target_kind`` that is not a registered target kind (:func:`lightning_lmdb.targets.target_kinds`).
     """
 
     def __init__(self, num_classes: int = 0, lr: float = 0.0, target_kind: str = "class", num_outputs: int | None = None,

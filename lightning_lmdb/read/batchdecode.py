@@ -36,6 +36,7 @@ from torch.utils.data import default_collate
 from lightning_lmdb.codec.decoders import DEFAULT_MAX_PIXELS
 from lightning_lmdb.codec.imageinfo import read_info
 from lightning_lmdb.read.transforms import ResizedCrop
+from lightning_lmdb.targets import TargetKind
 
 
 class Deferred(NamedTuple):
@@ -121,17 +122,27 @@ class DeferredImages:
 @dataclass(frozen=True)
 class Collate:
     """``default_collate``, except that a batch holding :class:`Deferred` images becomes ``(DeferredImages, targets)`` (the targets
-    of a segmentation set: its masks, already transformed in the workers).
+    of a segmentation set: its masks, already transformed in the workers), and that the targets of a ``kind`` are collated by
+    it (:meth:`lightning_lmdb.targets.TargetKind.collate`: a list for a kind of variable length).
 
     Args:
-        transform: The geometry of the loader's dataset (what :meth:`DeferredImages.decode` applies).
+        transform: The geometry of the loader's dataset (what :meth:`DeferredImages.decode` applies); ``None``: no batched decode.
+        kind: The target kind whose :meth:`~lightning_lmdb.targets.TargetKind.collate` makes the batch's targets; ``None``:
+            ``default_collate``.
     """
 
-    transform: ResizedCrop
+    transform: ResizedCrop | None = None
+    kind: TargetKind | None = None
+
+    def _targets(self, targets: list[Any]) -> Any:
+        return default_collate(targets) if self.kind is None else self.kind.collate(targets)
 
     def __call__(self, samples: list[tuple[Any, Any]]) -> Any:
         if not any(isinstance(sample[0], Deferred) for sample in samples):
-            return default_collate(samples)
+            if self.kind is None:
+                return default_collate(samples)
+            return [default_collate([sample[0] for sample in samples]), self._targets([sample[1] for sample in samples])]
+        assert self.transform is not None, "a Deferred image needs the transform of the batched decode"
         decoded = [(i, s[0]) for i, s in enumerate(samples) if not isinstance(s[0], Deferred)]
         deferred = [(i, s[0]) for i, s in enumerate(samples) if isinstance(s[0], Deferred)]
         offsets = torch.zeros(len(deferred) + 1, dtype=torch.int64)
@@ -146,4 +157,4 @@ class Collate:
             params=torch.tensor([d.params for _, d in deferred], dtype=torch.int64),
             deferred_at=torch.tensor([i for i, _ in deferred], dtype=torch.int64),
         )
-        return images, default_collate([sample[1] for sample in samples])
+        return images, self._targets([sample[1] for sample in samples])

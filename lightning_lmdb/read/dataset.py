@@ -90,7 +90,7 @@ from lightning_lmdb.read.views import RowView, Split
 from lightning_lmdb.sources import masks
 from lightning_lmdb.store import database, envs
 from lightning_lmdb.store import format as fmt
-from lightning_lmdb.targets import TargetTable
+from lightning_lmdb.targets import TargetKind, TargetTable, target_kind
 
 #: Check every record against its stored checksum when it is read (see the module docstring). For benchmarks only
 #: (``benchmarks/record_check.py`` measures the check's cost by turning it off): off, a damaged record is served as wrong
@@ -125,7 +125,7 @@ def stored_targets(meta: fmt.Metadata) -> tuple[str, list[str], list[str]]:
 
 def ignore_index_of(meta: fmt.Metadata) -> int | None:
     """A mask database's ``ignore_index`` (``None`` for the other kinds)."""
-    if meta.target_kind != "mask":
+    if not target_kind(meta.target_kind).in_record:  # a mask set's (the kind whose records hold their targets)
         return None
     found = getattr(meta, "ignore_index", None)
     return masks.DEFAULT_IGNORE_INDEX if found is None else int(found)
@@ -155,7 +155,8 @@ class ImageDatasetBase(RowView, DecodingChoice, Dataset):
     _stats: LoaderStats | None = None  # None: off (the default; also a copy unpickled outside a process start)
     _block_reads: blockread.BlockReads | None = None  # None: off (LMDBImageDataset.read_blocks)
 
-    #: What ``ds[i][1]`` is (:data:`lightning_lmdb.sources.base.TargetKind`): ``"class"`` (an ``int``), ``"none"`` (``-1``),
+    #: What ``ds[i][1]`` is: a registered target kind's name (:mod:`lightning_lmdb.targets`; :attr:`target_entry` serves it). The
+    #: library's: ``"class"`` (an ``int``), ``"none"`` (``-1``),
     #: ``"multilabel"`` (a ``float32`` multi-hot tensor over ``classes``), ``"regression"`` (a ``float32`` tensor, one
     #: value per name of ``target_names``) or ``"mask"`` (an ``int64`` ``H x W`` mask, transformed with the image).
     target_kind: str = "class"
@@ -183,7 +184,10 @@ class ImageDatasetBase(RowView, DecodingChoice, Dataset):
         self.decoder, self.decode_size = decoder, decode_size
         self.classes, self.class_to_idx = classes, class_to_idx
         self.target_kind, self.target_names, self.split_names = kind
-        if self.target_kind == "mask":
+        #: The kind's registry entry (:class:`~lightning_lmdb.targets.TargetKind`): it serves, transforms and collates the targets.
+        #: Pickled with the dataset, so a kind registered at run time reaches spawned workers.
+        self.target_entry: TargetKind = target_kind(self.target_kind)
+        if self.target_entry.in_record:
             self.ignore_index = masks.DEFAULT_IGNORE_INDEX if ignore_index is None else int(ignore_index)
         self.transform, self.target_transform = transform, target_transform
         super().__init__(count, indices)
@@ -246,10 +250,28 @@ class ImageDatasetBase(RowView, DecodingChoice, Dataset):
         if isinstance(image, WithMask):
             return self._transformed_pair(image, row)
         target: Any = self._all_targets().item(row)
-        if self.transform is not None and not isinstance(image, Deferred):
+        if self.transform is not None and self.target_entry.has_geometry:
+            image, target = self._with_geometry(image, target)
+        elif self.transform is not None and not isinstance(image, Deferred):
             image = self.transform(image)
         if self.target_transform is not None:
             target = self.target_transform(target)
+        return image, target
+
+    def _with_geometry(self, image: Any, target: Any) -> tuple[Any, Any]:
+        """``(image, target)`` under ``transform``, the target given the image's crop, resize and flip by its kind's geometry.
+
+        A transform that is not the defaults' (:func:`~lightning_lmdb.read.transforms.joint_crop` finds no crop) is called as
+        ``transform(image, target)`` and returns both (as a ``torchvision.transforms.v2`` pipeline does).
+        """
+        crop, geometry = joint_crop(self.transform), self.target_entry.geometry
+        if isinstance(image, Deferred):  # the batched decode crops the image on the device; the target is moved here alike
+            return image, geometry(target, crop, image.params, image.size)
+        if crop is None:
+            return self.transform(image, target)  # type: ignore[misc]
+        image, target = crop.joint(image, target, geometry)
+        for step in () if crop is self.transform else self.transform.transforms[1:]:  # type: ignore[union-attr]
+            image = step(image)
         return image, target
 
     def _transformed_pair(self, loaded: WithMask, row: int) -> tuple[Any, Any]:
@@ -261,7 +283,8 @@ class ImageDatasetBase(RowView, DecodingChoice, Dataset):
                                                     "; a mask must be the size of its image (rebuild the database, or fix the files).")
         fill = masks.DEFAULT_IGNORE_INDEX if self.ignore_index is None else self.ignore_index
         if isinstance(image, Deferred):  # the batched decode crops the image on the device; the mask is cropped here alike
-            mask: Any = joint_crop(self.transform).apply_mask(mask_tensor(values, None), image.params, fill).long()  # type: ignore[union-attr]
+            crop = joint_crop(self.transform)
+            mask: Any = self.target_entry.geometry(mask_tensor(values, None), crop, image.params, size, fill=fill).long()
         else:
             image, mask = transform_pair(self.transform, image, values, fill)
         if self.target_transform is not None:
@@ -270,7 +293,7 @@ class ImageDatasetBase(RowView, DecodingChoice, Dataset):
 
     def _image_decode_size(self) -> int | None:
         """``decode_size``; ``None`` for a mask set whose transform does not know reduced-size decodes (see the module docstring)."""
-        if self.target_kind == "mask" and joint_crop(self.transform) is None:
+        if self.target_entry.has_geometry and joint_crop(self.transform) is None:
             return None
         return self.decode_size
 
@@ -455,7 +478,7 @@ class LMDBImageDataset(ImageDatasetBase):
         kind = codec.RECORD_CODECS[self._all_codecs()[row]]  # before the transaction: the first call reads the metadata
         # Every record is checked before it is decoded (or deferred), but one whose decode checks it whole (zstd pixels);
         # a mask database's records always (their length field and mask header are outside the image's frame).
-        checked = CHECK_RECORDS and (self.target_kind == "mask" or not kind.self_checked)
+        checked = CHECK_RECORDS and (self.target_entry.in_record or not kind.self_checked)
         check = fmt.READ_CHECKS[self._part_checksums[part]] if checked else None
         checksums = self._all_checksums()
         opened = self._opened(part)
@@ -509,7 +532,7 @@ class LMDBImageDataset(ImageDatasetBase):
         """A record's image (deferred, or decoded by its codec) -- and of a mask database's record, its mask too
         (:func:`lightning_lmdb.sources.masks.unpack`: the mask is copied out of the memory map)."""
         mask = None
-        if self.target_kind == "mask":
+        if self.target_entry.in_record:  # a mask set's record: the image and its mask
             value, mask_value = masks.unpack(value)
             mask = masks.decode_mask(mask_value)
         image = self._deferred(value) if kind.file_bytes else None

@@ -29,7 +29,7 @@ from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.sources import masks
 from lightning_lmdb.sources.base import Labels, SourceOptions, SourceScan, read_file, scan_source
 from lightning_lmdb.store import format as fmt
-from lightning_lmdb.targets import TargetTable, width_of
+from lightning_lmdb.targets import TargetTable, target_kind, width_of
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class RawImageDataset(ImageDatasetBase):
         self.root = str(scan.root)
         kept = [f for f in scan.files if f.relpath not in exclude] if exclude else scan.files
         kind = str(scan.target_kind)
-        if kind == "mask":  # the classes each mask holds are known once it is read: on demand (_all_targets)
+        if target_kind(kind).in_record:  # a mask source: the classes each mask holds are known once it is read: on demand (_all_targets)
             self._targets: TargetTable | None = None
             self._masks: fmt.PathTable | None = fmt.PathTable.from_strings(f.mask for f in kept)
             names_of = list(classes) if classes is not None else (scan.classes or mask_classes(scan, exclude))
@@ -130,7 +130,7 @@ class RawImageDataset(ImageDatasetBase):
         Raises:
             ValueError: ``meta`` was read without the paths.
         """
-        masked = meta.target_kind == "mask"
+        masked = target_kind(meta.target_kind).in_record  # a mask database: the mask paths too
         if meta.paths is None or (masked and getattr(meta, "mask_paths", None) is None):
             raise ValueError("from_metadata needs metadata read with arrays=True (the paths" + (" and mask paths)." if masked else ")."))
         dataset = cls.__new__(cls)
@@ -152,7 +152,7 @@ class RawImageDataset(ImageDatasetBase):
     def _all_targets(self) -> TargetTable:
         if self._targets is None:  # a scanned mask source's: the classes each mask holds, every mask read once, on demand
             ids = [masks.labels_present(masks.read_mask(read_file(path), path), self.ignore_index) for path in self.mask_files()]
-            self._targets = TargetTable.pack("mask", ids, len(self.classes)).freeze()
+            self._targets = TargetTable.pack(self.target_kind, ids, len(self.classes)).freeze()
         return self._targets
 
     def rows_of_split(self, name: str) -> np.ndarray:

@@ -143,13 +143,7 @@ class ResizedCrop:
             ``size x size``, the dtype of ``mask`` (a ``tv_tensors.Mask`` for one).
         """
         top, left, h, w, flip = (int(p) for p in params)
-        if self.train:
-            resized, offsets = (self.size, self.size), (0, 0)
-        else:
-            short, long = sorted((h, w))
-            side, other = self.min_input_side, int(self.min_input_side * long / short)
-            resized = (side, other) if h <= w else (other, side)
-            offsets = tuple(_centre_offset(n, self.size) for n in resized)
+        resized, offsets = self._resized(h, w)
         rows = _nearest(top, h, resized[0], self.size, offsets[0], mask.device)
         cols = _nearest(left, w, resized[1], self.size, offsets[1], mask.device)
         if flip:
@@ -162,6 +156,49 @@ class ResizedCrop:
             out[..., cols < 0] = fill
         return tv_tensors.Mask(out) if isinstance(mask, tv_tensors.Mask) else out
 
+    def map_points(self, points: torch.Tensor, params: Sequence[int]) -> torch.Tensor:
+        """The geometry of :meth:`apply` with ``params``, given to points: ``N x 2`` ``(x, y)`` in the pixels of the image in its file
+        (continuous: pixel ``(c, r)`` spans ``[c, c + 1) x [r, r + 1)``), mapped to the output's (``x`` mirrored by a flip).
+
+        Points the crop leaves out come back outside ``[0, size)``: what to do with them is the caller's (a target kind's).
+        Boxes are two points each. The result is ``float32``.
+        """
+        top, left, h, w, flip = (int(p) for p in params)
+        resized, offsets = self._resized(h, w)
+        out = points.to(torch.float32).clone()
+        out[..., 0] = (out[..., 0] - left) * (resized[1] / w) - offsets[1]
+        out[..., 1] = (out[..., 1] - top) * (resized[0] / h) - offsets[0]
+        if flip:
+            out[..., 0] = self.size - out[..., 0]
+        return out
+
+    def _resized(self, h: int, w: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The size a ``h x w`` crop is resized to, and where the output starts in it (evaluation: the centre crop's offsets)."""
+        if self.train:
+            return (self.size, self.size), (0, 0)
+        short, long = sorted((h, w))
+        side, other = self.min_input_side, int(self.min_input_side * long / short)
+        resized = (side, other) if h <= w else (other, side)
+        return resized, (_centre_offset(resized[0], self.size), _centre_offset(resized[1], self.size))
+
+    def _drawn(self, image: Any) -> tuple[torch.Tensor, tuple[int, int, int, int, int], int, tuple[int, int]]:
+        """``(image as a tensor, params, factor, size in its file)``: the geometry drawn for ``image``."""
+        if isinstance(image, Image.Image):
+            image = pil_to_tensor(image)
+        elif not isinstance(image, torch.Tensor):
+            raise TypeError(f"ResizedCrop takes a uint8 3 x H x W tensor or a PIL image, not {type(image).__name__}.")
+        reduced = reduced_from(image)
+        if reduced is not None:  # a reduced-size decode: the crop is drawn on the image in the file, on the decode's pixel grid
+            return image, self.params(reduced.height, reduced.width, align=reduced.factor), reduced.factor, tuple(reduced[1:])
+        return image, self.params(image.shape[-2], image.shape[-1]), 1, (int(image.shape[-2]), int(image.shape[-1]))
+
+    def joint(self, image: Any, target: Any, geometry: Callable[..., Any], **context: Any) -> tuple[torch.Tensor, Any]:
+        """``(image, target)`` transformed together: the image as :meth:`__call__` does, the target by
+        ``geometry(target, self, params, size, **context)`` (a target kind's :meth:`~lightning_lmdb.targets.TargetKind.geometry`)
+        with the same ``params`` and the image's ``size`` in its file."""
+        image, params, factor, size = self._drawn(image)
+        return self.apply(image, params, factor), geometry(target, self, params, size, **context)
+
     def __call__(self, image: Any, mask: torch.Tensor | None = None, *, fill: int = DEFAULT_IGNORE_INDEX) -> Any:
         """The transformed image; with ``mask`` (``H x W``, the size of the image in the file), ``(image, mask)``.
 
@@ -169,15 +206,7 @@ class ResizedCrop:
             TypeError: ``image`` is neither a tensor nor a PIL image.
             ValueError: ``mask`` is not ``H x W`` of the image's size.
         """
-        if isinstance(image, Image.Image):
-            image = pil_to_tensor(image)
-        elif not isinstance(image, torch.Tensor):
-            raise TypeError(f"ResizedCrop takes a uint8 3 x H x W tensor or a PIL image, not {type(image).__name__}.")
-        reduced = reduced_from(image)
-        if reduced is not None:  # a reduced-size decode: the crop is drawn on the image in the file, on the decode's pixel grid
-            params, factor, size = self.params(reduced.height, reduced.width, align=reduced.factor), reduced.factor, reduced[1:]
-        else:
-            params, factor, size = self.params(image.shape[-2], image.shape[-1]), 1, tuple(image.shape[-2:])
+        image, params, factor, size = self._drawn(image)
         out = self.apply(image, params, factor)
         if mask is None:
             return out

@@ -47,22 +47,18 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from lightning_lmdb.deprecated import renamed_class
 from lightning_lmdb.errors import NotRegularFileError, OptionError
-
-#: Target given to every sample of a source without labels (e.g. a flat folder).
-NO_TARGET = -1
+from lightning_lmdb.targets.base import NO_TARGET, Target, kind_names, unknown_kind  # noqa: F401  (NO_TARGET, Target: re-exported)
 
 #: What a sample's target is: ``"class"`` (an index into the classes), ``"multilabel"`` (a set of class indices, served as a
 #: float32 multi-hot tensor), ``"regression"`` (K numbers, served as a float32 tensor), ``"none"`` (no label: ``-1``) or
-#: ``"mask"`` (a segmentation mask per sample, served as an ``int64`` ``H x W`` tensor: :mod:`lightning_lmdb.sources.masks`).
+#: ``"mask"`` (a segmentation mask per sample, served as an ``int64`` ``H x W`` tensor: :mod:`lightning_lmdb.sources.masks`) -- the
+#: library's kinds; any kind registered with :func:`lightning_lmdb.targets.register_target_kind` is accepted too
+#: (:data:`TARGET_KINDS`: the registered ones).
 TargetKind = Literal["class", "multilabel", "regression", "none", "mask"]
-TARGET_KINDS: tuple[str, ...] = get_args(TargetKind)
-#: One sample's target as a scan holds it: a class index (``"class"``; ``NO_TARGET`` for ``"none"``), a sorted tuple of
-#: class indices (``"multilabel"``) or a tuple of K floats (``"regression"``).
-Target = int | tuple[int, ...] | tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -81,7 +77,7 @@ class SourceOptions:
         label_column: The target column (several, comma-separated or a list, for a regression target of K numbers);
             ``None``: ``label`` when the manifest has it, else no target.
         split_column: The split column (``train`` / ``val`` / ``test`` per row); ``None``: ``split`` when present.
-        target_kind: One of :data:`TARGET_KINDS`; ``None`` infers it from the values (names or integers: class;
+        target_kind: One of :data:`TARGET_KINDS` (the registered kinds); ``None`` infers it from the values (names or integers: class;
             lists: multi-label; other numbers: regression).
         label_sep: Splits a CSV label cell into several labels (a multi-label target), e.g. ``"|"``.
         classes: The class names in index order; ``None``: the sorted names found (as ``ImageFolder`` sorts folders).
@@ -100,7 +96,7 @@ class SourceOptions:
     path_column: str | None = None
     label_column: str | tuple[str, ...] | None = None
     split_column: str | None = None
-    target_kind: TargetKind | None = None
+    target_kind: str | None = None
     label_sep: str | None = None
     classes: tuple[str, ...] | None = None
     version: str | int | None = None
@@ -122,8 +118,8 @@ class SourceOptions:
             object.__setattr__(self, "classes", tuple(self.classes))
             if len(set(self.classes)) != len(self.classes):
                 raise OptionError(f"classes={list(self.classes)!r} names a class twice.")
-        if self.target_kind is not None and self.target_kind not in TARGET_KINDS:
-            raise OptionError(f"target_kind={self.target_kind!r} is not one of {', '.join(map(repr, TARGET_KINDS))} (or None to infer it).")
+        if self.target_kind is not None and self.target_kind not in kind_names():  # the registry: a registered kind is accepted
+            raise OptionError(unknown_kind(self.target_kind).replace(". A kind", " (or None to infer it). A kind", 1))
         for name, least in (("ignore_index", 0), ("num_classes", 1)):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
@@ -287,6 +283,8 @@ def describe_kind(name: str) -> str:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "TARGET_KINDS":  # the registered target kinds' names, derived from the registry on each access
+        return kind_names()
     if name == "SOURCE_KINDS":
         warnings.warn("lightning_lmdb.sources.base.SOURCE_KINDS is deprecated: read source_kinds(), add one with register_source_kind().",
                       DeprecationWarning, stacklevel=2)

@@ -63,6 +63,7 @@ from lightning_lmdb.codec.storage import ImageDecodeError, encode_record
 from lightning_lmdb.errors import LightningLMDBError, NotRegularFileError, OptionError, SourceError
 from lightning_lmdb.sources.base import NO_TARGET, Labels, SourceFile, SourceOptions, SourceScan, Target, read_file
 from lightning_lmdb.store import format as fmt
+from lightning_lmdb.targets import target_kind
 
 __all__ = ["DESCRIPTION", "DatasetScan", "NAME", "PATHS", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of",
            "has_samples", "identity", "labels", "read_sample", "record_entry", "sample_image", "sample_parts", "scan", "split_entry"]
@@ -262,8 +263,9 @@ def _given_classes(source: Any, options: SourceOptions) -> list[str] | None:
     if unused:
         raise OptionError(f"{', '.join(unused)}: these options read a manifest; they do not apply to a dataset ({_name(source)}). "
                           "Leave them unset.")
-    if options.target_kind == "mask":
-        raise OptionError(f"target_kind='mask' does not apply to a dataset ({_name(source)}) yet; pack segmentation data from a manifest "
+    if options.target_kind is not None and target_kind(options.target_kind).in_record:
+        raise OptionError(f"target_kind={options.target_kind!r} does not apply to a dataset ({_name(source)}) yet; pack segmentation data "
+                          "from a manifest "
                           "with a mask column or an images folder with masks_dir=.")
     if options.classes is not None:
         if options.target_kind in ("regression", "none"):
@@ -539,6 +541,15 @@ class RecordTargets:
         return None
 
     def _misfit(self, kind: str, shape: str, raw: Any) -> str | None:
+        if kind not in _FITS and kind != "none":  # a kind of yours (or mask): its entry says what fits
+            entry = target_kind(kind)
+            if entry.in_record:
+                return f"is not a mask: a {kind!r} target comes with its record, which a dataset does not have"
+            try:
+                entry.hold(raw)
+            except ValueError as exc:
+                return str(exc)
+            return None
         if kind == "none":
             return None if self.given_kind == "none" or shape == "none" else f"is {_SHAPE_WORDS.get(shape, 'a value')}, not None"
         if shape not in _FITS.get(kind, ()):  # "mask": a dataset has no masks (yet)
@@ -581,6 +592,9 @@ class RecordTargets:
             if problem is not None:
                 raise ValueError(f"record {i}: {problem}")
         kind = self.kind or "none"
+        if kind not in _FITS and kind != "none":  # a kind of yours: held as its entry holds it
+            entry = target_kind(kind)
+            return FoundTargets(kind, list(self.classes or []), [], [entry.hold(raw) for raw in raws])
         if kind == "none":
             return FoundTargets("none", [], [], [NO_TARGET] * len(raws))
         if kind == "regression":

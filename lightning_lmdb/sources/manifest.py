@@ -72,6 +72,7 @@ from lightning_lmdb.errors import OptionError, SourceError
 from lightning_lmdb.sources import masks
 from lightning_lmdb.sources.base import NO_TARGET, Labels, SourceFile, SourceOptions, SourceScan, not_regular_reason
 from lightning_lmdb.sources.manifestfile import Table, read_table
+from lightning_lmdb.targets import TargetKind, target_kind
 
 __all__ = ["DESCRIPTION", "MANIFEST_SUFFIXES", "METADATA_NAMES", "NAME", "accepts", "classes", "has_samples", "labels", "scan"]
 
@@ -336,6 +337,8 @@ def _infer(table: Table, column: str, values: list[Any], firsts: list[int]) -> s
 
 def _targets(table: Table, columns: list[str], options: SourceOptions) -> _Targets:
     kind, n = options.target_kind, len(table.rows)
+    if kind is not None and kind not in _READ_HERE:  # a kind of yours: each cell held as its entry holds it
+        return _held(table, columns, target_kind(kind), options)
     if kind == "none" or not columns:
         if kind not in (None, "none"):
             raise SourceError(f"{table.path} has no 'label' column for target_kind={kind!r}; its columns are {table.columns}. "
@@ -362,6 +365,28 @@ def _targets(table: Table, columns: list[str], options: SourceOptions) -> _Targe
         if kind == "regression":
             return _targets(table, columns, replace(options, target_kind="regression"))
     return _categorical(table, columns[0], values, firsts, kind == "multilabel", options)
+
+
+#: The target kinds whose cells this module reads itself (names, indices, lists, numbers); a mask column is read apart.
+_READ_HERE = ("class", "multilabel", "regression", "none")
+
+
+def _held(table: Table, columns: list[str], kind: TargetKind, options: SourceOptions) -> _Targets:
+    """The targets of a registered kind of yours: one column, each cell (a JSON value; a CSV cell is parsed as JSON) given to
+    the kind's :meth:`~lightning_lmdb.targets.TargetKind.hold`; a cell it refuses is a row error."""
+    if len(columns) != 1:
+        raise OptionError(f"target_kind={kind.name!r} reads one label column, not {columns or 'none'}: name it with label_column= "
+                          "(CLI --label-column, Hydra data.source_options.label_column).")
+    result = _Targets(kind.name, [None] * len(table.rows), classes=list(options.classes or ()))
+    for i, value in enumerate(table.column(columns[0])):
+        if value is None or value == "":
+            result.errors[i] = "empty label"
+            continue
+        try:
+            result.values[i] = kind.hold(json.loads(value) if table.is_csv else value)
+        except ValueError as exc:  # json.JSONDecodeError too
+            result.errors[i] = f"label {value!r} {exc}" if not isinstance(exc, json.JSONDecodeError) else f"malformed label {value!r}"
+    return result
 
 
 def _tokens(value: Any, multi: bool, sep: str | None) -> list[Any] | str:

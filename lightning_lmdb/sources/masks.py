@@ -43,7 +43,7 @@ from PIL import Image
 
 from lightning_lmdb.codec import zstd
 from lightning_lmdb.errors import ImageDecodeError, OptionError, RecordError, SourceError
-from lightning_lmdb.sources.base import Labels, ManifestOptions, SourceFile, SourceScan
+from lightning_lmdb.sources.base import Labels, SourceFile, SourceOptions, SourceScan
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -205,7 +205,7 @@ class MaskScan(SourceScan):
     num_classes: int | None = None
 
 
-def _known_classes(options: ManifestOptions) -> tuple[list[str], int | None]:
+def _known_classes(options: SourceOptions) -> tuple[list[str], int | None]:
     """The class names and count known before a build: ``classes=``, else ``"0"`` .. ``"N-1"`` of ``num_classes=``, else none."""
     if options.classes is not None:
         if options.num_classes is not None and options.num_classes != len(options.classes):
@@ -217,11 +217,11 @@ def _known_classes(options: ManifestOptions) -> tuple[list[str], int | None]:
     return [], None
 
 
-def _ignore_index(options: ManifestOptions) -> int:
+def _ignore_index(options: SourceOptions) -> int:
     return DEFAULT_IGNORE_INDEX if options.ignore_index is None else options.ignore_index
 
 
-def mask_column(manifest: str, columns: list[str], options: ManifestOptions) -> str | None:
+def mask_column(manifest: str, columns: list[str], options: SourceOptions) -> str | None:
     """A manifest's mask column (``None``: its targets are not masks); mask options without one are refused.
 
     Args:
@@ -256,13 +256,13 @@ def mask_column(manifest: str, columns: list[str], options: ManifestOptions) -> 
     return "mask"
 
 
-def mask_labels(options: ManifestOptions) -> Labels:
+def mask_labels(options: SourceOptions) -> Labels:
     """The :class:`~lightning_lmdb.sources.base.Labels` of a mask source before it is read (no classes when they are inferred)."""
     classes, _ = _known_classes(options)
     return Labels(classes, {c: k for k, c in enumerate(classes)}, "mask")
 
 
-def mask_scan(root: Path, files: list[SourceFile], special: list[tuple[str, str]], options: ManifestOptions,
+def mask_scan(root: Path, files: list[SourceFile], special: list[tuple[str, str]], options: SourceOptions,
               identity: dict[str, Any]) -> MaskScan:
     """The :class:`MaskScan` of a mask source's files; ``identity`` (how it was read) gets the mask options added.
 

@@ -46,6 +46,7 @@ from lightning_lmdb.options import CONTENT_OPTIONS
 from lightning_lmdb.store import envs
 from lightning_lmdb.store import format as fmt
 from lightning_lmdb.targets import TargetTable, named
+from lightning_lmdb.targets import base as _kinds
 
 if TYPE_CHECKING:
     from lightning_lmdb.sources.base import SourceScan
@@ -288,7 +289,7 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
         read_checks=np.concatenate([m.read_checks for m in metas]),  # each shard's under its own algorithm (Part.checksum)
         shard=None,
     )
-    if joined.target_kind in ("multilabel", "regression", "mask"):
+    if _kinds.target_kind(joined.target_kind).typed:  # its typed arrays, the shards' joined
         table = TargetTable.concat([m.target_table() for m in metas])
         joined = replace(joined, labels=table.labels, label_offsets=table.offsets,
                          values=None if table.values is None else table.values.reshape(-1))
@@ -350,7 +351,8 @@ def stale_reason(path: str | os.PathLike[str], meta: fmt.Metadata, scan: SourceS
     paths = full.paths.tolist() if full.paths is not None else []
     old, files = set(paths) | {s.path for s in meta.skipped}, {f.relpath: f for f in scan.files}
     kind, classes = full.target_kind, full.classes
-    stored = full.target_table().tolist() if kind == scan.target_kind and kind in ("class", "multilabel", "regression") else None
+    compared = kind == scan.target_kind and not _kinds.target_kind(kind).in_record  # a mask is compared with its file
+    stored = full.target_table().tolist() if compared else None
     relabelled = moved = 0
     for index, relpath in enumerate(paths):
         file = files.get(relpath)
@@ -364,9 +366,9 @@ def stale_reason(path: str | os.PathLike[str], meta: fmt.Metadata, scan: SourceS
     if kind != scan.target_kind:
         found.append(f"its targets are {scan.target_kind}, were {kind}")
     elif (scan.classes, scan.target_names) != (classes, full.target_names):
-        regression = kind == "regression"
-        now, was = (scan.target_names, full.target_names) if regression else (scan.classes, classes)
-        found.append(f"the {'target names' if regression else 'classes'} are now {_few(now)}, were {_few(was)}")
+        values = bool(scan.target_names or full.target_names)  # K named values (regression), not classes
+        now, was = (scan.target_names, full.target_names) if values else (scan.classes, classes)
+        found.append(f"the {'target names' if values else 'classes'} are now {_few(now)}, were {_few(was)}")
     if not (added or removed or relabelled or moved) and len(found) == 3:
         found.append("so files were modified (their size or modification time) or listed in another order")
     return f"from a source that changed since ({', '.join(found)})"

@@ -122,7 +122,8 @@ from lightning_lmdb.store.fsops import (  # noqa: F401
     partial_path,
     write_atomically,
 )
-from lightning_lmdb.targets import TargetTable, read_typed, width_of
+from lightning_lmdb.targets import TargetTable, read_typed
+from lightning_lmdb.targets import base as _kinds
 
 FORMAT_NAME = "lightning_lmdb"
 #: The newest format version this library reads and writes.
@@ -161,7 +162,9 @@ ARRAYS: dict[str, tuple[bytes, str, int, int]] = {
 
 def version_for(target_kind: str, split_names: list[str]) -> int:
     """The format version a database with these targets and splits is written in (the lowest that holds it)."""
-    return BASE_VERSION if target_kind in ("class", "none") and not split_names else FORMAT_VERSION
+    known = _kinds.kind_names()
+    typed = _kinds.target_kind(target_kind).typed if target_kind in known else True  # the kind says (class, none: not typed)
+    return FORMAT_VERSION if typed or split_names else BASE_VERSION
 
 
 def record_key(index: int) -> bytes:
@@ -335,9 +338,7 @@ class Metadata:
 
     def target_table(self) -> TargetTable:
         """The targets as a dataset serves them (:class:`~lightning_lmdb.targets.TargetTable`)."""
-        width = width_of(self.target_kind, self.classes, self.target_names)
-        values = None if self.values is None else self.values.reshape(self.count, width)
-        return TargetTable(self.target_kind, self.targets, width, labels=self.labels, offsets=self.label_offsets, values=values)
+        return _kinds.target_kind(self.target_kind).table(self)
 
     def header(self) -> dict[str, Any]:
         """The header JSON object (version 2 or 3, :func:`version_for`), without ``arrays``."""

@@ -24,7 +24,8 @@ from lightning_lmdb import __version__
 from lightning_lmdb.codec import decoders
 from lightning_lmdb.errors import LightningLMDBError, OptionError
 from lightning_lmdb.options import BuildOptions, choices
-from lightning_lmdb.sources.base import TARGET_KINDS, SourceOptions, describe_kind, describe_kinds
+from lightning_lmdb.sources.base import SourceOptions, describe_kind, describe_kinds
+from lightning_lmdb.targets import kind_names
 
 if TYPE_CHECKING:
     from lightning_lmdb.tools.verify import VerifyReport
@@ -104,7 +105,7 @@ def _add_manifest_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(f"manifest sources ({describe_kind('manifest')}) and segmentation masks (a mask column, or "
                                       "--masks-dir for an image folder)")
     for flag, field, metavar, text in _MANIFEST_FLAGS:
-        choices = TARGET_KINDS if field == "target_kind" else None
+        choices = kind_names() if field == "target_kind" else None  # the registered kinds, when the parser is made
         group.add_argument(flag, dest=f"manifest_{field}", default=None, choices=choices, metavar=metavar, help=text,
                            type=int if field in _INT_FLAGS else None)
 
@@ -139,7 +140,7 @@ def _info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     classes, names = info.pop("classes"), info.pop("target_names", [])
-    if info["target_kind"] == "regression":  # K numbers per record, no classes
+    if names:  # K named numbers per record (regression), no classes
         del info["num_classes"]
         shown, label = f"K={len(names)}: " + ", ".join(names[:10]) + (", ..." if len(names) > 10 else ""), "targets"
     else:

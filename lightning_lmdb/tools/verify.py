@@ -19,7 +19,7 @@ from lightning_lmdb.sources import masks
 from lightning_lmdb.sources.base import SourceFile, SourceOptions, SourceScan
 from lightning_lmdb.store import database, envs
 from lightning_lmdb.store import format as fmt
-from lightning_lmdb.targets import named
+from lightning_lmdb.targets import named, target_kind
 
 
 @dataclass
@@ -221,7 +221,7 @@ def codec_counts(codecs: np.ndarray) -> dict[str, int]:
 
 def _compare_record(value: memoryview, codec: int, file: SourceFile, meta: fmt.Metadata, root: str, stored_mask: str | None) -> str | None:
     """Why a record differs from its source file (and a segmentation record from its mask file), else ``None``."""
-    if meta.target_kind != "mask":
+    if not target_kind(meta.target_kind).in_record:  # the record is the image alone
         return _compare_with_source(value, codec, file.path, meta)
     try:
         image, mask = masks.unpack(value)
