@@ -66,7 +66,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from lightning_lmdb.targets import NO_TARGET, TargetKind, TargetTable  # noqa: E402
-from lightning_lmdb.targets.table import check_offsets  # noqa: E402
+from lightning_lmdb.targets.base import check_offsets  # noqa: E402
 
 
 class KeypointsKind(TargetKind):

@@ -26,7 +26,8 @@ from lightning_lmdb import LMDBDataModule
 from lightning_lmdb.datamodule import backends as dm_module  # the LMDB backend's builds
 from lightning_lmdb.datamodule.module import DEFAULT_VAL_FRACTION
 from lightning_lmdb.experiment.datamodule import ExperimentDataModule
-from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.read.raw import RawImageDataset
 from lightning_lmdb.read.transforms import ResizedCrop, eval_transform
 from lightning_lmdb.store import envs, shards
 

@@ -19,7 +19,8 @@ from lightning_lmdb.build.writer import build_lmdb
 from lightning_lmdb.codec.storage import STORAGES
 from lightning_lmdb.read import blockread
 from lightning_lmdb.read import dataset as ds_module
-from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset, auto_readahead
+from lightning_lmdb.read.dataset import LMDBImageDataset, auto_readahead
+from lightning_lmdb.read.raw import RawImageDataset
 from lightning_lmdb.read.transforms import eval_transform, train_transform
 from lightning_lmdb.store import envs, shards
 from lightning_lmdb.store import format as fmt

@@ -16,7 +16,8 @@ from imagegen import downgrade_to_v1, make_folder, make_jpegs, read_records
 from lightning_lmdb import LMDBDataModule
 from lightning_lmdb.build.writer import build
 from lightning_lmdb.options import CHOICES, BuildOptions
-from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.read.raw import RawImageDataset
 from lightning_lmdb.sources.base import TARGET_KINDS
 from lightning_lmdb.store import database, envs
 from lightning_lmdb.store import format as fmt

@@ -22,8 +22,9 @@ from lightning_lmdb.experiment.callbacks import PerfMonitor, cpu_ticks, loader_s
 from lightning_lmdb.experiment.toy_model import NoOpModel
 from lightning_lmdb.read import dataset as dataset_module
 from lightning_lmdb.read import raw as rawdataset_module
-from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.read.dataset import LMDBImageDataset
 from lightning_lmdb.read.loadstats import LoaderStats
+from lightning_lmdb.read.raw import RawImageDataset
 from lightning_lmdb.read.transforms import eval_transform
 
 IMAGES, BATCH = 48, 8

@@ -16,7 +16,8 @@ from PIL import Image
 
 from lightning_lmdb.build.writer import build, build_lmdb
 from lightning_lmdb.errors import BuildError, SourceError, StaleDatabaseError
-from lightning_lmdb.read.dataset import LMDBImageDataset, RawImageDataset
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.read.raw import RawImageDataset
 from lightning_lmdb.sources.base import SourceOptions
 from lightning_lmdb.store import database
 from lightning_lmdb.tools.verify import describe_lmdb, verify_lmdb

@@ -17,6 +17,7 @@ from lightning_lmdb.datamodule import options as dm_options
 from lightning_lmdb.datamodule import plan as dm_plan
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.read import dataset
+from lightning_lmdb.read.raw import RawImageDataset
 
 
 @pytest.mark.parametrize(
@@ -52,7 +53,7 @@ def test_the_old_names_still_do_their_work(tmp_path: Path) -> None:
     assert issubclass(dataset.LMDBImageDataset, dataset.ImageDatasetBase)
     with pytest.warns(DeprecationWarning):
         from lightning_lmdb.read.dataset import _ImageDataset
-    assert issubclass(dataset.RawImageDataset, _ImageDataset)
+    assert issubclass(RawImageDataset, _ImageDataset)
     with pytest.warns(DeprecationWarning):
         assert datamodule.given_folder is dm_plan.given_source
 

@@ -39,7 +39,7 @@ from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, Source
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.sources import masks
 from lightning_lmdb.sources.base import PrefixFingerprint, SourceFile, SourceScan
-from lightning_lmdb.sources.dataset import FoundTargets, split_entry
+from lightning_lmdb.sources.dataset import FoundTargets
 from lightning_lmdb.store import database, envs, fsops
 from lightning_lmdb.store import format as fmt
 from lightning_lmdb.targets import TargetTable, width_of
@@ -257,7 +257,7 @@ class _Writer:
         with readers._read_files(tasks, self.workers, dataset) as results:
             for index, value, digest in results:
                 if value is not None and fitting is not None:  # the entry ends with the record's target
-                    misfit = fitting.check(split_entry(digest)[1])
+                    misfit = fitting.check(fmt.split_entry(digest)[1])
                     if misfit is not None:
                         value, digest = None, misfit
                 if value is None:  # a bad file: the third field is the reason
@@ -342,7 +342,7 @@ class _Writer:
 
     def _split(self, entry: bytes) -> tuple[bytes, Any]:
         try:
-            return split_entry(entry)
+            return fmt.split_entry(entry)
         except ValueError as exc:
             raise fmt.DatabaseError(f"{self.partial} holds a progress entry without its target ({exc}); delete it and build "
                                     "again.") from None

@@ -123,7 +123,7 @@ def _unreadable(exc: OSError, path: str, what: str) -> str:
 
 def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
     """:func:`_read_one` of an image with a mask (``data``: the image file's bytes): the record :func:`lightning_lmdb.sources.masks.pack`
-    makes of both, its entry :func:`lightning_lmdb.sources.dataset.record_entry` with the classes the mask holds (with ``"check"``:
+    makes of both, its entry :func:`lightning_lmdb.store.format.record_entry` with the classes the mask holds (with ``"check"``:
     ``b""`` and those classes); or ``(index, None, reason)``, the reason naming the mask when it is the mask that is bad."""
     index, path, storage, max_pixels, resize, quality, mask_path, ignore_index, num_classes = task
     try:
@@ -146,12 +146,22 @@ def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
     if storage == "check":
         return index, b"", labels
     record = masks.pack(value, masks.encode_mask(values))
-    return index, record, datasource.record_entry(record, codec, labels)
+    return index, record, fmt.record_entry(record, codec, labels)
+
+
+def read_sample(dataset: Any, task: _Task) -> tuple[int, bytes | None, Any]:
+    """:func:`lightning_lmdb.sources.dataset.read_sample` as :func:`_read_one` answers: ``(index, value, entry)`` (``entry``:
+    :func:`lightning_lmdb.store.format.record_entry`, the progress entry with the target; with ``"check"``: ``b""`` and the
+    plain target), or ``(index, None, reason)`` for a bad sample."""
+    index, value, codec, found = datasource.read_sample(dataset, task)  # type: ignore[arg-type]
+    if value is None or codec is None:
+        return index, value, found
+    return index, value, fmt.record_entry(value, codec, found)
 
 
 def _read_sample(task: _Task) -> tuple[int, bytes | None, Any]:
-    """:func:`lightning_lmdb.sources.dataset.read_sample` of this reader process's dataset (runs in a pool worker)."""
-    return datasource.read_sample(_dataset, task)
+    """:func:`read_sample` of this reader process's dataset (runs in a pool worker)."""
+    return read_sample(_dataset, task)
 
 
 def find_bad_files(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = None) -> list[fmt.Skipped]:
@@ -219,14 +229,14 @@ def _ignore_palette_warning() -> None:
 
 @contextlib.contextmanager
 def _read_files(tasks: list[_Task], workers: int, dataset: Any = None) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
-    """:func:`_read_one` of every task (of ``dataset``: :func:`lightning_lmdb.sources.dataset.read_sample`), in order: in this
+    """:func:`_read_one` of every task (of ``dataset``: :func:`read_sample`), in order: in this
     process (``workers=0``) or in a pool of ``workers`` processes.
 
     Raises:
         SourceError: ``dataset`` cannot be sent to the reader processes (it does not pickle, with a start method that pickles).
     """
     if workers == 0 or len(tasks) < 2:
-        read = _read_one if dataset is None else functools.partial(datasource.read_sample, dataset)
+        read = _read_one if dataset is None else functools.partial(read_sample, dataset)
         with warnings.catch_warnings():  # once for the whole read: this process's filters are as they were afterwards
             _ignore_palette_warning()
             yield map(read, tasks)

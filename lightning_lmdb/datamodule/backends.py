@@ -28,7 +28,7 @@ from lightning_lmdb.errors import CacheDirError, SourceError
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.read import blockread
 from lightning_lmdb.read.dataset import ImageDatasetBase, LMDBImageDataset
-from lightning_lmdb.read.raw import RawImageDataset, SampleReads, SourceDataset, mask_classes, read_samples, source_labels
+from lightning_lmdb.read.raw import RawImageDataset, SampleReads, SourceDataset, mask_classes, read_samples
 from lightning_lmdb.sources import base as sources
 from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.sources import folder, manifest
@@ -292,7 +292,7 @@ class ServingBackend:
         sample read once (:meth:`sample_reads`, which the raw backend's ``setup`` then serves)."""
         if split not in self.labels:
             source, options = self.source_path(split), self.plan.build_options
-            found = source_labels(source, options.manifest, read_all=False, max_pixels=options.max_pixels)
+            found = datasource.labels(source, options.manifest, read_all=False, max_pixels=options.max_pixels)
             if found is None:
                 scan = scan_source(source, options.manifest)
                 meta = self.current_meta(split, scan)

@@ -566,7 +566,3 @@ class LMDBImageDataset(ImageDatasetBase):
 #: (a source's kind), hence the new name for this one.
 __getattr__ = deprecated_names(__name__, {"_ImageDataset": (ImageDatasetBase, "ImageDatasetBase"),
                                           "kind_of": (stored_targets, "stored_targets")})
-
-
-# Re-exported: callers find it here (it moved to keep this module to the database's dataset).
-from lightning_lmdb.read.raw import RawImageDataset  # noqa: E402, F401

@@ -1,7 +1,7 @@
 """How a dataset turns its records into pixels: the decoder, reduced-size decoding and the deferred batched JPEG decode.
 
 :class:`DecodingChoice` holds the choice of :class:`~lightning_lmdb.read.dataset.LMDBImageDataset` and
-:class:`~lightning_lmdb.read.dataset.RawImageDataset` (and of each of their views); :mod:`lightning_lmdb.codec.decoders`
+:class:`~lightning_lmdb.read.raw.RawImageDataset` (and of each of their views); :mod:`lightning_lmdb.codec.decoders`
 does the decoding.
 """
 

@@ -229,7 +229,7 @@ class SampleReads(NamedTuple):
 def read_samples(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, workers: int | None = 0,
                  on_error: str = "skip") -> SampleReads:
     """Read and check every sample of a dataset's scan (:func:`lightning_lmdb.sources.dataset.scan`) once, as a build does:
-    the same reads (:func:`lightning_lmdb.sources.dataset.read_sample`, in the builder's reader pool), bad samples and targets
+    the same reads (:func:`lightning_lmdb.build.readers.read_sample`, in the builder's reader pool), bad samples and targets
     (:class:`~lightning_lmdb.sources.dataset.RecordTargets`: the same kind and classes), without storing anything.
 
     Args:
@@ -264,35 +264,6 @@ def read_samples(scan: SourceScan, *, max_pixels: int | None = DEFAULT_MAX_PIXEL
     found = datasource.RecordTargets.of(scan).finish(raws)
     table = TargetTable.pack(found.kind, found.targets, width_of(found.kind, found.classes, found.target_names)).freeze()
     return SampleReads(np.array(keys, dtype=np.int64), table, list(found.classes), list(found.target_names), bad)
-
-
-def source_labels(source: Any, options: SourceOptions | None = None, *, read_all: bool = True,
-                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Labels | None:
-    """The classes and target kind of a database built from the dataset ``source``, as cheaply as they can be known
-    (:func:`lightning_lmdb.sources.dataset.labels`).
-
-    The kind is ``target_kind=``, else the first good sample's (one sample read, as a build's first record decides); a
-    regression target's names come from that sample's length; the classes are ``classes=`` or the dataset's own
-    (:func:`lightning_lmdb.sources.dataset.classes`). Classes found only in the samples (names, or indices without
-    ``classes``) need every sample read once (:func:`read_samples`, in this process): done with ``read_all``, else
-    ``None`` is returned.
-    """
-    options = options or SourceOptions()
-    given = datasource.classes(source, options)[0]
-    fitting = datasource.RecordTargets(options.target_kind, given or None)
-    if fitting.kind in (None, "regression"):
-        for i in range(len(source)):
-            _, value, raw = datasource.read_sample(source, (i, str(i), "check", max_pixels, None, 0))
-            if value is not None and fitting.check(raw) is None:
-                break
-    kind = fitting.kind or "none"
-    if kind in ("none", "regression"):
-        return Labels([], {}, kind, [f"value{k}" for k in range(fitting.width or 0)] if kind == "regression" else [])
-    if given:
-        return Labels(given, {c: k for k, c in enumerate(given)}, kind)
-    if not read_all:
-        return None
-    return read_samples(datasource.scan(source, options), max_pixels=max_pixels, workers=0).labels
 
 
 class SourceDataset(ImageDatasetBase):

@@ -59,14 +59,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
-from lightning_lmdb.codec.storage import ImageDecodeError, encode_record
-from lightning_lmdb.errors import LightningLMDBError, NotRegularFileError, OptionError, SourceError
+from lightning_lmdb.codec.storage import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
+from lightning_lmdb.errors import BuildError, LightningLMDBError, NotRegularFileError, OptionError, SourceError
 from lightning_lmdb.sources.base import NO_TARGET, Labels, SourceFile, SourceOptions, SourceScan, Target, read_file
-from lightning_lmdb.store import format as fmt
 from lightning_lmdb.targets import target_kind
 
 __all__ = ["DESCRIPTION", "DatasetScan", "NAME", "PATHS", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of",
-           "has_samples", "identity", "labels", "read_sample", "record_entry", "sample_image", "sample_parts", "scan", "split_entry"]
+           "has_samples", "identity", "labels", "read_sample", "sample_image", "sample_parts", "scan"]
 
 #: The keys of a mapping sample that hold its image, then its target (the first one present is used).
 IMAGE_KEYS = ("image", "img")
@@ -229,12 +228,45 @@ def classes(source: Any, options: SourceOptions | None = None) -> tuple[list[str
     return list(given), {c: k for k, c in enumerate(given)}
 
 
-def labels(source: Any, options: SourceOptions | None = None) -> Labels:
-    """The classes and target kind a database built from ``source`` has, as cheaply as they can be known (one sample read, or
-    every sample when the classes are found only in them): :func:`lightning_lmdb.read.raw.source_labels`."""
-    from lightning_lmdb.read.raw import source_labels  # here: it imports torch, which a build from a dataset does not need
+def labels(source: Any, options: SourceOptions | None = None, *, read_all: bool = True,
+           max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Labels | None:
+    """The classes and target kind of a database built from the dataset ``source``, as cheaply as they can be known.
 
-    return source_labels(source, options or SourceOptions())
+    The kind is ``target_kind=``, else the first good sample's (one sample read, as a build's first record decides); a
+    regression target's names come from that sample's length; the classes are ``classes=`` or the dataset's own
+    (:func:`classes`). Classes found only in the samples (names, or indices without ``classes``) need every sample read
+    once, in this process, as a build reads them (bad samples left out): done with ``read_all``, else ``None`` is returned.
+
+    Raises:
+        BuildError: Every sample is bad (``read_all``, when the classes are found only in the samples).
+    """
+    options = options or SourceOptions()
+    given = classes(source, options)[0]
+    fitting = RecordTargets(options.target_kind, given or None)
+    if fitting.kind in (None, "regression"):
+        for i in range(len(source)):
+            _, value, _, raw = read_sample(source, (i, str(i), "check", max_pixels, None, 0))
+            if value is not None and fitting.check(raw) is None:
+                break
+    kind = fitting.kind or "none"
+    if kind in ("none", "regression"):
+        return Labels([], {}, kind, [f"value{k}" for k in range(fitting.width or 0)] if kind == "regression" else [])
+    if given:
+        return Labels(given, {c: k for k, c in enumerate(given)}, kind)
+    if not read_all:
+        return None
+    found = scan(source, options)
+    fitting = RecordTargets.of(found)
+    raws = []
+    for i in range(len(source)):
+        _, value, _, raw = read_sample(source, (i, str(i), "check", max_pixels, None, 0))
+        if value is not None and fitting.check(raw) is None:
+            raws.append(raw)
+    if not raws:
+        raise BuildError(f"Every sample of {str(found.root)!r} is bad: no classes to find. Fix the dataset's samples "
+                         f"(lightning-lmdb build reports each one's reason), or pass classes= in source_options.")
+    done = RecordTargets.of(found).finish(raws)
+    return Labels(list(done.classes), {c: k for k, c in enumerate(done.classes)}, done.kind, list(done.target_names))
 
 
 def dataset_of(scan: SourceScan) -> Any | None:
@@ -303,7 +335,7 @@ class _BadSample(LightningLMDBError, ValueError):
     """A sample that cannot be packed; ``args[0]`` is the reason."""
 
 
-def read_sample(dataset: Any, task: tuple[int, str, str, int | None, int | None, int]) -> tuple[int, bytes | None, Any]:
+def read_sample(dataset: Any, task: tuple[int, str, str, int | None, int | None, int]) -> tuple[int, bytes | None, int | None, Any]:
     """Read one sample of ``dataset`` and make its record, as :func:`lightning_lmdb.build.readers._read_one` does of a file.
 
     Args:
@@ -311,52 +343,34 @@ def read_sample(dataset: Any, task: tuple[int, str, str, int | None, int | None,
         task: ``(index, key, storage or "check", max_pixels, resize, quality)``; ``key`` is the sample's index as text.
 
     Returns:
-        ``(index, value, entry)`` (``entry``: :func:`record_entry`, the record's progress entry with its target; with
-        ``"check"``: ``value`` is ``b""`` and ``entry`` the plain target), or ``(index, None, reason)`` for a bad sample.
+        ``(index, value, codec, target)`` (with ``"check"``: ``value`` is ``b""`` and ``codec`` ``None``), or
+        ``(index, None, None, reason)`` for a bad sample.
     """
     index, key, storage, max_pixels, resize, quality = task
     try:
         sample = dataset[int(key)]
     except Exception as exc:  # noqa: BLE001 - the dataset's own error, reported as this sample's problem
-        return index, None, f"dataset[{key}] raised {type(exc).__name__}: {exc}"
+        return index, None, None, f"dataset[{key}] raised {type(exc).__name__}: {exc}"
     try:
         image, target = sample_parts(sample)
         target = _plain_target(target)
         found = sample_image(image)
         data = _png(found) if isinstance(found, Image.Image) else found
     except _BadSample as exc:
-        return index, None, str(exc.args[0])
+        return index, None, None, str(exc.args[0])
     except NotRegularFileError as exc:
-        return index, None, exc.reason
+        return index, None, None, exc.reason
     except OSError as exc:
-        return index, None, f"cannot read its image file {str(exc.filename or image)!r} ({exc.strerror or exc})."
+        return index, None, None, f"cannot read its image file {str(exc.filename or image)!r} ({exc.strerror or exc})."
     name = f"{type(dataset).__qualname__}[{key}]"
     try:
         if storage == "check":  # validation only (find_bad_files, the raw backend's read of every sample)
             encode_record(data, "encoded", max_pixels=max_pixels, name=name)
-            return index, b"", target
+            return index, b"", None, target
         codec, value = encode_record(data, storage, max_pixels=max_pixels, name=name, resize=resize, quality=quality)
     except ImageDecodeError as exc:
-        return index, None, exc.reason
-    return index, value, record_entry(value, codec, target)
-
-
-def record_entry(value: bytes, codec: int, target: Any) -> bytes:
-    """A record's progress entry for a ``targets_from_records`` scan: :func:`lightning_lmdb.store.format.progress_entry` (digest and
-    codec), then the target as compact JSON (ASCII)."""
-    return fmt.progress_entry(value, codec) + json.dumps(target, separators=(",", ":")).encode("ascii")
-
-
-def split_entry(entry: bytes) -> tuple[bytes, Any]:
-    """A :func:`record_entry` as ``(digest and codec, target)``.
-
-    Raises:
-        ValueError: Too short, or its target is not JSON.
-    """
-    head = fmt.CHECKSUM_SIZE + 1
-    if len(entry) <= head:
-        raise ValueError(f"a progress entry of {len(entry)} bytes holds no target")
-    return entry[:head], json.loads(entry[head:])
+        return index, None, None, exc.reason
+    return index, value, codec, target
 
 
 def sample_parts(sample: Any) -> tuple[Any, Any]:

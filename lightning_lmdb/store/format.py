@@ -228,6 +228,24 @@ def progress_entry(value: bytes | memoryview, codec: int) -> bytes:
     return checksum(value) + bytes((codec,))
 
 
+
+def record_entry(value: bytes, codec: int, target: Any) -> bytes:
+    """A record's progress entry for a ``targets_from_records`` scan: :func:`progress_entry` (digest and
+    codec), then the target as compact JSON (ASCII)."""
+    return progress_entry(value, codec) + json.dumps(target, separators=(",", ":")).encode("ascii")
+
+
+def split_entry(entry: bytes) -> tuple[bytes, Any]:
+    """A :func:`record_entry` as ``(digest and codec, target)``.
+
+    Raises:
+        ValueError: Too short, or its target is not JSON.
+    """
+    head = CHECKSUM_SIZE + 1
+    if len(entry) <= head:
+        raise ValueError(f"a progress entry of {len(entry)} bytes holds no target")
+    return entry[:head], json.loads(entry[head:])
+
 def _digest(data: bytes | memoryview) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 

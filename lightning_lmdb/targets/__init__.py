@@ -39,6 +39,7 @@ from lightning_lmdb.targets.base import (
     NO_TARGET,
     Target,
     TargetKind,
+    TargetTable,
     kind_names,
     register_target_kind,
     target_kind,
@@ -51,7 +52,7 @@ from lightning_lmdb.targets.mask import MaskKind
 from lightning_lmdb.targets.multilabel import MultilabelKind
 from lightning_lmdb.targets.none import NoneKind
 from lightning_lmdb.targets.regression import RegressionKind
-from lightning_lmdb.targets.table import TargetTable, read_typed
+from lightning_lmdb.targets.typed import read_typed
 
 __all__ = ["LABEL_KINDS", "NO_TARGET", "TARGET_KINDS", "ClassKind", "MaskKind", "MultilabelKind", "NoneKind",  # noqa: F822
            "RegressionKind", "Target", "TargetKind", "TargetTable", "kind_names", "named", "read_typed", "register_target_kind",

@@ -14,6 +14,7 @@ registry (``SourceOptions(target_kind=...)``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -22,7 +23,6 @@ from lightning_lmdb.errors import OptionError
 
 if TYPE_CHECKING:
     from lightning_lmdb.jsonfields import JsonFields
-    from lightning_lmdb.targets.table import TargetTable
 
 #: Target given to every sample of a source without labels (e.g. a flat folder).
 NO_TARGET = -1
@@ -38,7 +38,7 @@ class TargetKind:
     The defaults are those of a per-record integer (``class``): ``meta/targets`` holds it, a sample serves it as an
     ``int``, the image's geometry leaves it as it is and batches stack it (``default_collate``).
 
-    Storage: a kind stores its targets in a :class:`~lightning_lmdb.targets.table.TargetTable` whose arrays are the database's
+    Storage: a kind stores its targets in a :class:`~lightning_lmdb.targets.base.TargetTable` whose arrays are the database's
     typed metadata arrays -- ``index`` (``meta/targets``, ``int32`` per record, always written), ``labels``
     (``meta/labels``, ``int32``), ``offsets`` (``meta/label-offsets``, ``int64`` per record plus one) and ``values``
     (``meta/values``, ``float32``). What they mean is the kind's: numpy arrays and JSON only, never pickle.
@@ -91,14 +91,10 @@ class TargetKind:
 
     def pack(self, targets: Sequence[Any], width: int) -> TargetTable:
         """The table of a scan's per-record targets (as :meth:`hold` made them)."""
-        from lightning_lmdb.targets.table import TargetTable
-
         return TargetTable(self.name, np.array(targets, dtype=np.int32).reshape(len(targets)), 0)
 
     def concat(self, tables: Sequence[TargetTable]) -> TargetTable:
         """The tables of consecutive parts (a sharded database's shards) as one."""
-        from lightning_lmdb.targets.table import TargetTable, concat_offsets
-
         first = tables[0]
         index = np.concatenate([t.index for t in tables])
         labels = offsets = values = None
@@ -125,8 +121,6 @@ class TargetKind:
 
     def table(self, meta: Any) -> TargetTable:
         """The targets of a database's metadata (:class:`lightning_lmdb.store.format.Metadata`) as a dataset serves them."""
-        from lightning_lmdb.targets.table import TargetTable
-
         width = self.width(meta.classes, meta.target_names)
         return TargetTable(self.name, meta.targets, width, labels=meta.labels, offsets=meta.label_offsets, values=meta.values)
 
@@ -234,3 +228,78 @@ def unknown_kind(name: Any) -> str:
     """The message for a target kind ``name`` that is not registered."""
     return (f"target_kind={name!r} is not one of {', '.join(map(repr, _KINDS))}. A kind of your own is registered with "
             "lightning_lmdb.targets.register_target_kind(MyKind()) -- in a module that spawned loader workers import too.")
+
+
+def concat_offsets(parts: Sequence[np.ndarray], starts: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Consecutive offset arrays (each per record plus one) as one, part ``i``'s shifted by ``starts[i]``."""
+    return np.concatenate([[0]] + [o[1:] + s for o, s in zip(parts, starts, strict=True)]).astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class TargetTable:
+    """Every record's target, typed: numpy arrays, never one Python object per record. Its kind builds each sample's target.
+
+    Attributes:
+        kind: The target kind's name (:func:`lightning_lmdb.targets.target_kind`).
+        index: ``int32`` per record: the class index (``class``), else ``-1``.
+        width: Length of a served target tensor: the number of classes (``multilabel``; ``mask``: its classes), K (``regression``),
+            else 0.
+        labels: ``multilabel`` (``mask``: the classes its mask holds): each record's class indices, concatenated (``int32``).
+        offsets: ``multilabel``, ``mask``: ``int64`` per record plus one; record ``i``'s labels are ``labels[offsets[i]:offsets[i+1]]``
+            (a kind of variable length without labels: into ``values``).
+        values: ``regression``: ``float32`` ``count x K`` (a kind of yours: as it packs them).
+    """
+
+    kind: str
+    index: np.ndarray
+    width: int = 0
+    labels: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+    values: np.ndarray | None = None
+
+    @classmethod
+    def pack(cls, kind: str, targets: Sequence[Target], width: int = 0) -> TargetTable:
+        """The table of a scan's per-file targets (:data:`lightning_lmdb.sources.base.Target`) of kind ``kind``.
+
+        Args:
+            kind: The target kind.
+            targets: One target per record, of that kind.
+            width: The number of classes (``multilabel``, ``mask``) or of values per record (``regression``).
+        """
+        return target_kind(kind).pack(targets, width)
+
+    @classmethod
+    def concat(cls, tables: Sequence[TargetTable]) -> TargetTable:
+        """The tables of consecutive parts (a sharded database's shards) as one."""
+        return target_kind(tables[0].kind).concat(tables)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def item(self, row: int) -> Any:
+        """Record ``row``'s target as a dataset serves it: an ``int``, or a ``float32`` tensor ``[width]`` (the kind's :meth:`item`).
+
+        Raises:
+            TypeError: A ``mask`` table: a mask is read with its record, not from this table (:meth:`tolist` gives the classes
+                each mask holds).
+        """
+        return target_kind(self.kind).item(self, row)
+
+    def tolist(self, rows: np.ndarray | None = None) -> list[Any]:
+        """The targets of ``rows`` (all when ``None``) as plain values: class indices, lists of class indices (``multilabel``; the
+        classes each mask holds for ``mask``), or lists of floats."""
+        return target_kind(self.kind).tolist(self, rows)
+
+    def freeze(self) -> TargetTable:
+        """``self``, with its arrays made read-only."""
+        for array in (self.index, self.labels, self.offsets, self.values):
+            if array is not None:
+                array.flags.writeable = False
+        return self
+
+
+def check_offsets(get: JsonFields, offsets: np.ndarray, items: np.ndarray, what: str, whose: str) -> None:
+    """Fail (naming the header's ``arrays``: "holds ``what`` that do not index its ``whose``") unless ``offsets`` index ``items``
+    (start at 0, end at its length, never decrease)."""
+    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(items) or np.any(np.diff(offsets) < 0):
+        get.fail("arrays", f"holds {what} that do not index its {whose}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from lightning_lmdb.targets.base import TargetTable
 from lightning_lmdb.targets.multilabel import MultilabelKind
-from lightning_lmdb.targets.table import TargetTable
 
 #: The mask value of unlabelled pixels unless a source says otherwise (Pascal VOC's object borders).
 DEFAULT_FILL = 255

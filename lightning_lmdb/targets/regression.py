@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lightning_lmdb.targets.base import NO_TARGET, Target, TargetKind
-from lightning_lmdb.targets.table import TargetTable
+from lightning_lmdb.targets.base import NO_TARGET, Target, TargetKind, TargetTable
 
 if TYPE_CHECKING:
     from lightning_lmdb.jsonfields import JsonFields

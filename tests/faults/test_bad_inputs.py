@@ -17,7 +17,7 @@ from imagegen import bomb_png, make_jpegs, truncated_jpeg
 
 from lightning_lmdb.build import readers
 from lightning_lmdb.build.writer import BuildError, build
-from lightning_lmdb.read.dataset import RawImageDataset
+from lightning_lmdb.read.raw import RawImageDataset
 from lightning_lmdb.sources.folder import scan_folder
 
 pytestmark = pytest.mark.timeout(60)
