@@ -5,7 +5,7 @@ Contract: a **source kind** is a module (or object) with ``NAME``, ``DESCRIPTION
 :func:`~lightning_lmdb.sources.base.register_source_kind`; :func:`~lightning_lmdb.sources.base.scan_source` asks the
 registered kinds in order and returns a :class:`~lightning_lmdb.sources.base.SourceScan`.
 
-Modules: ``base`` (the registry, the scan's types, :class:`SourceOptions`-style options), ``manifest`` and
+Modules: ``base`` (the registry, the scan's types, :class:`~lightning_lmdb.sources.base.SourceOptions`), ``manifest`` and
 ``manifestfile`` (CSV / TSV / JSON Lines manifests), ``folder`` (ImageFolder-layout and flat folders), ``dataset``
 (a map-style ``Dataset``), ``masks`` (segmentation masks beside a source's images). A new source kind is a file of
 its own here plus one ``register_source_kind`` line. ``lightning_lmdb.sources`` re-exports ``base``.
