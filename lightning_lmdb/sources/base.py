@@ -458,6 +458,8 @@ class SourceScan:
             splits); computed from ``files`` when not given.
         targets_from_records: The targets are known only once each sample is read (a packed ``Dataset``): the readers
             return them with the records, and ``files``' targets are placeholders.
+        target_meta: What the source says of its targets as a whole, as JSON values, stored in the database's header
+            by the target kind (e.g. detection: COCO's category ids in class order, the degenerate boxes dropped).
     """
 
     root: Path
@@ -470,6 +472,7 @@ class SourceScan:
     identity: str = ""
     split_names: list[str] | None = None
     targets_from_records: bool = False
+    target_meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.target_kind is None:
