@@ -1,6 +1,7 @@
 """The A/B experiment: is the GPU starved for data, and how much does LMDB win back?
 
     python train.py data=lmdb                 # one run (demo dataset generated on first use)
+    python train.py data=lmdb demo.kind=detection   # the detection demo (COCO JSON) and the toy detector, logs mAP
     python train.py -m data=raw,lmdb          # A/B: comparison.txt + comparison.png in the multirun dir
     python train.py data.train_dir=/my/images data.cold_cache=true
     python train.py -m data=raw,lmdb model=noop data.netfs_latency_ms=0.5   # A/B on emulated network storage
@@ -41,7 +42,13 @@ import lightning_lmdb
 import lightning_lmdb.experiment  # registers the config resolvers (${lmdb_num_classes:${data}}) before Hydra composes
 from lightning_lmdb.datamodule.module import default_cache_dir
 from lightning_lmdb.experiment.callbacks import PerfMonitor
-from lightning_lmdb.experiment.demo import SEGMENTATION_MANIFEST, make_demo_dataset, make_segmentation_demo
+from lightning_lmdb.experiment.demo import (
+    DETECTION_ANNOTATIONS,
+    SEGMENTATION_MANIFEST,
+    make_demo_dataset,
+    make_detection_demo,
+    make_segmentation_demo,
+)
 from lightning_lmdb.experiment.report import SUMMARY_NAME
 from lightning_lmdb.tools.cli import EXIT_ERROR, describe_error
 
@@ -51,26 +58,50 @@ log = logging.getLogger("train")
 _EXPECTED_ERRORS = (lightning_lmdb.LightningLMDBError, OSError, lmdb.Error, OmegaConfBaseException, HydraException)
 
 
+#: The demo kinds (``demo.kind``).
+DEMO_KINDS = ("classification", "segmentation", "detection")
+
+
 def demo_folder(cfg: DictConfig) -> Path:
-    """Where the demo of ``demo.kind`` lives: ``paths.demo_dir``, with ``_segmentation`` appended for the segmentation demo."""
+    """Where the demo of ``demo.kind`` lives: ``paths.demo_dir``, with ``_segmentation`` or ``_detection`` appended for those demos."""
     kind = cfg.demo.get("kind", "classification")
-    return Path(f"{cfg.paths.demo_dir}_segmentation" if kind == "segmentation" else cfg.paths.demo_dir)
+    return Path(cfg.paths.demo_dir if kind == "classification" else f"{cfg.paths.demo_dir}_{kind}")
 
 
 def make_demo(cfg: DictConfig) -> Path:
     """The demo dataset of ``demo.kind`` (``classification``: an ImageFolder; ``segmentation``: a manifest of image and mask
-    pairs), generated on first use; what ``data.train_dir`` is set to.
+    pairs; ``detection``: COCO annotation files, whose train split is returned), generated on first use; what
+    ``data.train_dir`` is set to.
 
     Raises:
-        OptionError: ``demo.kind`` is neither.
+        OptionError: ``demo.kind`` is none of :data:`DEMO_KINDS`.
     """
     demo = cfg.demo
     kind = demo.get("kind", "classification")
     if kind == "segmentation":
         return make_segmentation_demo(demo_folder(cfg), count=demo.count, size=demo.size, seed=demo.seed)
+    if kind == "detection":
+        detection = demo.get("detection", {})
+        root = make_detection_demo(demo_folder(cfg), count=detection.get("count", 300), size=detection.get("size", 112),
+                                   max_objects=detection.get("max_objects", 5), seed=demo.seed)
+        return root / DETECTION_ANNOTATIONS["train"]
     if kind != "classification":
-        raise lightning_lmdb.errors.OptionError(f"demo.kind={kind!r} is not 'classification' or 'segmentation'.")
+        raise lightning_lmdb.errors.OptionError(f"demo.kind={kind!r} is not one of {', '.join(map(repr, DEMO_KINDS))}.")
     return make_demo_dataset(demo_folder(cfg), num_classes=demo.num_classes, images_per_class=demo.images_per_class, seed=demo.seed)
+
+
+def use_demo(cfg: DictConfig) -> Path:
+    """Generate the demo of ``demo.kind`` when needed and point ``data`` at it: ``train_dir`` (for the detection demo also
+    ``val_dir``, its val split, unless set, and ``source_options.root``, the images' folder, unless set)."""
+    demo = make_demo(cfg)
+    with open_dict(cfg):
+        cfg.data.train_dir = str(demo)
+        if cfg.demo.get("kind") == "detection":
+            if cfg.data.get("val_dir") is None:
+                cfg.data.val_dir = str(demo.parent / DETECTION_ANNOTATIONS["val"])
+            if cfg.data.get("source_options") is not None and cfg.data.source_options.get("root") is None:
+                cfg.data.source_options.root = str(demo.parent)
+    return demo
 
 
 def expected_error(exc: BaseException) -> BaseException | None:
@@ -125,10 +156,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """
     pl.seed_everything(cfg.seed, workers=True)
     if cfg.data.train_dir is None:
-        demo = make_demo(cfg)
+        demo = use_demo(cfg)
         log.info("No data.train_dir given: using the demo dataset in %s", demo)
-        with open_dict(cfg):
-            cfg.data.train_dir = str(demo)
     datamodule = instantiate(cfg.data)
     kind = datamodule.target_kind  # the model's loss follows it; its head has one output per class, or per regression value
     outputs = len(datamodule.target_names) if kind == "regression" else datamodule.num_classes
@@ -169,7 +198,8 @@ def main(cfg: DictConfig) -> None:
         "databases": Path(cfg.data.cache_dir).expanduser().resolve() if cfg.data.get("cache_dir") else default_cache_dir(),
     }
     demo_dir = demo_folder(cfg).resolve()
-    if cfg.data.train_dir is None or Path(str(cfg.data.train_dir)).resolve() in (demo_dir, demo_dir / SEGMENTATION_MANIFEST):
+    demo_files = (demo_dir, demo_dir / SEGMENTATION_MANIFEST, demo_dir / DETECTION_ANNOTATIONS["train"])
+    if cfg.data.train_dir is None or Path(str(cfg.data.train_dir)).resolve() in demo_files:
         where["demo data"] = demo_dir
     print(f"run {summary.get('backend')}: outputs in {output_dir}\n" + "\n".join(f"  {k}: {v}" for k, v in where.items()))
 

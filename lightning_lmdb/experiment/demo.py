@@ -27,6 +27,18 @@ grid and a shape (with its band) stays inside its cell. Train it with::
     python -m lightning_lmdb.experiment.demo --segmentation data/demo_segmentation     # prints .../train.csv
     python train.py data=lmdb data.train_dir=data/demo_segmentation/train.csv
     python train.py -m data=raw,lmdb data.train_dir=data/demo_segmentation/train.csv  # its A/B
+
+:func:`make_detection_demo` writes a detection set the same way, in COCO's layout: ``images/det_NNNN.jpg`` (RGB JPEGs,
+sides of ``size - size // 8`` to ``size + size // 8`` pixels) and one annotation file per split, ``instances_train.json``
+and ``instances_val.json`` (every fifth image in ``val``), whose ``file_name`` entries are relative to the demo's root.
+Each image holds 0 to ``max_objects`` shapes on a textured grey background (low-frequency blotches, faint stripes and
+noise; about one image in ten has none, a negative): each class of :data:`DETECTION_CLASSES` is one shape in one
+saturated colour (:data:`DETECTION_COLOURS`), 14 to 40 pixels across, and shapes never overlap (2 pixels apart at least).
+Each annotation's ``bbox`` (``[x, y, w, h]``, COCO's) is the tight box of its shape's pixels and ``area`` their count;
+the category ids are not contiguous (:data:`DETECTION_CATEGORY_IDS`), as COCO's are not. Train it with::
+
+    python train.py data=lmdb demo.kind=detection           # generated in data/demo_detection on first use
+    python train.py -m data=raw,lmdb demo.kind=detection    # its A/B
 """
 
 from __future__ import annotations
@@ -44,6 +56,8 @@ import numpy as np
 from PIL import Image
 
 from lightning_lmdb.errors import OptionError
+
+Box = tuple[int, int, int, int]
 
 MARKER_NAME = ".demo_complete.json"
 DEMO_VERSION = 1
@@ -73,6 +87,19 @@ SHAPE_COLOURS: tuple[tuple[tuple[int, int, int], ...], ...] = (
 _MIN_SHAPE = 8
 #: Standard deviation of the segmentation demo's pixel noise.
 _SEG_NOISE = 10.0
+
+
+DETECTION_VERSION = 1
+#: The detection demo's annotation file of each split, in its root.
+DETECTION_ANNOTATIONS = {"train": "instances_train.json", "val": "instances_val.json"}
+#: The detection demo's classes (COCO categories, in category id order).
+DETECTION_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "diamond")
+#: Their COCO category ids (not contiguous, as COCO's are not).
+DETECTION_CATEGORY_IDS: tuple[int, ...] = (1, 3, 4, 8)
+#: The colour each detection class is filled with (before the pixel noise): red, green, blue, yellow.
+DETECTION_COLOURS: tuple[tuple[int, int, int], ...] = ((225, 45, 45), (45, 200, 60), (50, 90, 235), (235, 205, 35))
+#: The detection demo's shapes are this many pixels across, at least and at most.
+_DETECTION_SIDES = (14, 40)
 
 
 def make_demo_dataset(root: str | os.PathLike[str], *, num_classes: int = 10,
@@ -123,6 +150,33 @@ def make_segmentation_demo(root: str | os.PathLike[str], *, count: int = 200, si
     root = Path(root)
     params = {"version": SEGMENTATION_VERSION, "kind": "segmentation", "count": count, "size": size, "seed": seed}
     return _write_once(root, params, lambda out: _generate_segmentation(out, count, size, seed)) / SEGMENTATION_MANIFEST
+
+
+def make_detection_demo(root: str | os.PathLike[str], *, count: int = 300, size: int = 112, max_objects: int = 5,
+                        seed: int = 0) -> Path:
+    """Write the detection demo at ``root`` in COCO's layout unless complete; return ``root`` (see the module docstring).
+
+    Args:
+        root: Dataset directory; must not exist, be empty, or hold a complete detection demo made with the same arguments.
+        count: Images (every fifth, ``det_0004``, ``det_0009``, ..., in ``instances_val.json``, the rest in ``instances_train.json``).
+        size: Typical side in pixels: each image's height and width are drawn from ``size - size // 8`` to ``size + size // 8``.
+        max_objects: Shapes per image, at most (each image draws 0 to ``max_objects``; fewer when they do not fit).
+        seed: Seed of the content; the same arguments give byte-identical files.
+
+    Returns:
+        ``root``: ``root / "instances_train.json"`` is ``data.train_dir``, ``root / "instances_val.json"`` ``data.val_dir``,
+        with ``root`` as the images' folder (``data.source_options.root``).
+
+    Raises:
+        OptionError: ``count`` below 1, ``size`` below 64, or ``max_objects`` below 0.
+        FileExistsError: ``root`` holds something else, or a demo made with other arguments.
+    """
+    if count < 1 or size < 64 or max_objects < 0:
+        raise OptionError(f"count={count}, size={size} and max_objects={max_objects}: a detection demo needs count >= 1, "
+                          "size >= 64 (pixels) and max_objects >= 0.")
+    params = {"version": DETECTION_VERSION, "kind": "detection", "count": count, "size": size, "max_objects": max_objects,
+              "seed": seed}
+    return _write_once(Path(root), params, lambda out: _generate_detection(out, count, size, max_objects, seed))
 
 
 def _write_once(root: Path, params: dict[str, int | str], generate: Callable[[Path], None]) -> Path:
@@ -278,6 +332,8 @@ def _shape(name: str, side: int) -> np.ndarray:
         return (x - centre) ** 2 + (y - centre) ** 2 <= centre**2
     if name == "square":
         return np.ones((side, side), dtype=bool)
+    if name == "diamond":
+        return np.abs(x - centre) + np.abs(y - centre) <= centre
     return np.abs(x - centre) <= y / 2  # apex at the top centre, base along the bottom row
 
 
@@ -291,6 +347,63 @@ def _grow(region: np.ndarray) -> np.ndarray:
 def _shrink(region: np.ndarray) -> np.ndarray:
     """``region`` without its pixels next to the outside (8-neighbourhood)."""
     return ~_grow(~region)
+
+
+def detection_sample(index: int, size: int = 112, max_objects: int = 5,
+                     seed: int = 0) -> tuple[np.ndarray, list[tuple[int, Box, int]]]:
+    """Image ``index`` of the detection demo before encoding: ``H x W x 3`` RGB ``uint8``, and its objects as
+    ``(class index, (x1, y1, x2, y2), area)``: the tight box of the shape's pixels (``x2``, ``y2`` exclusive) and their count."""
+    rng = np.random.default_rng((seed, index, 7))
+    low, high = size - size // 8, size + size // 8
+    h, w = (int(v) for v in rng.integers(low, high + 1, size=2))
+    yy, xx = np.mgrid[0:h, 0:w]
+    image = np.full((h, w, 3), float(rng.integers(70, 160)))
+    for _ in range(3):  # low-frequency grey blotches
+        cy, cx, radius = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(size / 6, size / 2)
+        image += rng.uniform(-40, 40) * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * radius**2))[..., None]
+    angle, period = rng.uniform(0, np.pi), rng.uniform(5.0, 12.0)
+    image += 12.0 * np.sin(2 * np.pi * (xx * np.cos(angle) + yy * np.sin(angle)) / period)[..., None]
+    image += rng.uniform(-12, 12, size=3)  # a slight tint, still far from the shapes' colours
+    wanted = 0 if rng.random() < 0.1 else int(rng.integers(1, max_objects + 1)) if max_objects else 0
+    taken = np.zeros((h, w), dtype=bool)
+    objects: list[tuple[int, Box, int]] = []
+    for _ in range(wanted * 10):
+        if len(objects) == wanted:
+            break
+        side = int(rng.integers(_DETECTION_SIDES[0], min(_DETECTION_SIDES[1], min(h, w) // 2) + 1))
+        y, x = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+        if taken[max(0, y - 2):y + side + 2, max(0, x - 2):x + side + 2].any():
+            continue
+        label = int(rng.integers(len(DETECTION_CLASSES)))
+        region = np.zeros((h, w), dtype=bool)
+        region[y:y + side, x:x + side] = _shape(DETECTION_CLASSES[label], side)
+        image[region] = DETECTION_COLOURS[label]
+        taken[y:y + side, x:x + side] = True
+        rows, cols = np.nonzero(region)
+        objects.append((label, (int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1), len(rows)))
+    image += rng.normal(0.0, 6.0, size=image.shape)
+    return np.clip(np.rint(image), 0, 255).astype(np.uint8), objects
+
+
+def _generate_detection(out: Path, count: int, size: int, max_objects: int, seed: int) -> None:
+    (out / "images").mkdir()
+    categories = [{"id": cid, "name": name, "supercategory": "shape"} for cid, name in zip(DETECTION_CATEGORY_IDS, DETECTION_CLASSES)]
+    files: dict[str, dict[str, list[dict[str, object]]]] = {
+        split: {"images": [], "annotations": [], "categories": categories} for split in DETECTION_ANNOTATIONS}
+    annotation_id = 1
+    for index in range(count):
+        rgb, objects = detection_sample(index, size, max_objects, seed)
+        name = f"images/det_{index:04d}.jpg"
+        Image.fromarray(rgb).save(out / name, format="JPEG", quality=92)
+        split = files["val" if index % 5 == 4 else "train"]
+        image_id = index + 1
+        split["images"].append({"id": image_id, "file_name": name, "height": rgb.shape[0], "width": rgb.shape[1]})
+        for label, (x1, y1, x2, y2), area in objects:
+            split["annotations"].append({"id": annotation_id, "image_id": image_id, "category_id": DETECTION_CATEGORY_IDS[label],
+                                         "bbox": [x1, y1, x2 - x1, y2 - y1], "area": area, "iscrowd": 0})
+            annotation_id += 1
+    for split, file_name in DETECTION_ANNOTATIONS.items():
+        (out / file_name).write_text(json.dumps(files[split], indent=1) + "\n", encoding="utf-8")
 
 
 def _voc_palette() -> list[int]:
@@ -336,19 +449,25 @@ def _generate_segmentation(out: Path, count: int, size: int, seed: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m lightning_lmdb.experiment.demo [--segmentation] ROOT``: write a demo dataset there, print what to train on."""
+    """``python -m lightning_lmdb.experiment.demo [--segmentation | --detection] ROOT``: write a demo there, print what to train on."""
     parser = argparse.ArgumentParser(prog="python -m lightning_lmdb.experiment.demo", description=main.__doc__)
     parser.add_argument("root", help="the dataset directory (created; reused when complete with the same arguments)")
     parser.add_argument("--segmentation", action="store_true", help="the segmentation demo; prints its manifest's path")
-    parser.add_argument("--count", type=int, default=200, help="segmentation: image and mask pairs (default 200)")
-    parser.add_argument("--size", type=int, default=64, help="segmentation: typical image side in pixels (default 64)")
+    parser.add_argument("--detection", action="store_true", help="the detection demo (COCO JSON per split); prints its root")
+    parser.add_argument("--count", type=int, default=None, help="segmentation: image and mask pairs (default 200); detection: images "
+                        "(default 300)")
+    parser.add_argument("--size", type=int, default=None, help="typical image side in pixels (segmentation: default 64; detection: 112)")
     parser.add_argument("--num-classes", type=int, default=10, help="class folders (default 10)")
     parser.add_argument("--images-per-class", type=int, default=200, help="images per class folder (default 200)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        if args.segmentation:
-            made = make_segmentation_demo(args.root, count=args.count, size=args.size, seed=args.seed)
+        if args.detection:
+            made = make_detection_demo(args.root, count=300 if args.count is None else args.count,
+                                       size=112 if args.size is None else args.size, seed=args.seed)
+        elif args.segmentation:
+            made = make_segmentation_demo(args.root, count=200 if args.count is None else args.count,
+                                          size=64 if args.size is None else args.size, seed=args.seed)
         else:
             made = make_demo_dataset(args.root, num_classes=args.num_classes, images_per_class=args.images_per_class, seed=args.seed)
     except (OptionError, OSError) as exc:

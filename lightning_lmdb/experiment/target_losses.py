@@ -12,8 +12,15 @@ kind           batch targets                    loss                          me
 ``regression`` ``float32`` ``[N, K]``           mean squared error            ``{stage}/mae``: mean absolute error
 ``mask``       ``int64`` ``[N, H, W]``          per-pixel cross-entropy,      ``{stage}/miou``: mean IoU over the classes
                                                 ``ignore_index`` left out     present (:class:`MeanIoU`)
+``boxes``      a list of ``{"boxes", "labels"}`` CenterNet: focal loss on class   ``val/map_50``, ``val/map`` (and ``test/``):
+               dicts (one per image)            heatmaps, L1 on size/offset   ``MeanAveragePrecision`` (COCO's mAP)
 ``none``       ``-1``                           refused: nothing to learn
 ============== ================================ ============================= ==============================================
+
+A kind whose model is neither a pooled classifier nor a per-pixel one gives its own head (``head=``, e.g. ``boxes``: the
+CenterNet-style head of :mod:`lightning_lmdb.experiment.detection`); a metric too costly to compute per batch, or with
+several values, is updated per step and computed once per epoch (``epoch_metric=``, e.g. mAP), in the stages it names
+(``metric_stages=``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from torchmetrics import Metric
 from torchmetrics.classification import MultilabelF1Score
 
 from lightning_lmdb.errors import OptionError
+from lightning_lmdb.experiment import detection
 from lightning_lmdb.sources.masks import DEFAULT_IGNORE_INDEX
 
 #: ``loss(model, outputs, targets, stage)``: the batch's loss (a scalar tensor).
@@ -54,6 +62,12 @@ class TargetLoss:
         check_outputs: ``check_outputs(num_outputs, ignore_index)`` raises when the head's size cannot fit the kind.
         uses_ignore_index: ``ignore_index`` is one of the model's hyperparameters (masks).
         refused: Why the kind cannot be learned (``none``): ``ToyCNN`` raises a ``SourceError`` with it.
+        head: ``head(in_channels, num_outputs)``: the kind's own head, an ``nn.Module`` taking the backbone's unpooled
+            stride-8 features ``[N, in_channels, H / 8, W / 8]``; ``ToyCNN`` returns its output as it is (``None``: a pooled
+            linear head, or the per-pixel one of a ``dense`` kind).
+        epoch_metric: ``epoch_metric(model, stage)``: the epoch's values ``{name: tensor}``, logged as ``{stage}/{name}`` at
+            the stage's epoch end (the ``metric`` then only updates ``metric_state`` per step and returns ``None``).
+        metric_stages: The stages whose steps update and log the metric (e.g. ``("val", "test")`` for a costly one).
     """
 
     kind: str
@@ -66,6 +80,9 @@ class TargetLoss:
     check_outputs: Callable[[int, int], None] | None = None
     uses_ignore_index: bool = False
     refused: str | None = None
+    head: Callable[[int, int], Any] | None = None
+    epoch_metric: Callable[[Any, str], dict[str, torch.Tensor]] | None = None
+    metric_stages: tuple[str, ...] = ("train", "val", "test")
 
 
 _LOSSES: dict[str, TargetLoss] = {}
@@ -78,7 +95,8 @@ def register_loss(kind: str, loss: LossFn | None, metric: MetricFn | None = None
         kind: The target kind's name.
         loss: ``loss(model, outputs, targets, stage)``.
         metric: ``metric(model, outputs, targets, stage)``, logged as ``{stage}/{metric_name}``.
-        how: The other fields of :class:`TargetLoss` (``metric_name``, ``dense``, ``metric_state``, ``expects``, ...).
+        how: The other fields of :class:`TargetLoss` (``metric_name``, ``dense``, ``metric_state``, ``expects``, ``head``,
+            ``epoch_metric``, ``metric_stages``, ...).
     """
     entry = TargetLoss(kind, loss, metric, **how)
     _LOSSES[kind] = entry
@@ -238,3 +256,6 @@ register_loss("mask", _mask_loss, _mask_metric, metric_name="miou", dense=True, 
 register_loss("none", None, refused="target_kind='none': the data has no labels (a flat folder, or a manifest without a label "
               "column), so there is nothing to learn. Use a folder with one subfolder per class, or a manifest with a label column "
               "(Hydra: data.source_options.label_column=...); model=noop runs on unlabelled data.")
+register_loss("boxes", detection.detection_loss, detection.detection_metric, metric_name="map", head=detection.make_head,
+              metric_state=detection.make_map, epoch_metric=detection.detection_epoch, metric_stages=("val", "test"),
+              expects=detection.detection_expects)

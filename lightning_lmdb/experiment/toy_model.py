@@ -6,7 +6,12 @@ Both are cheap enough that the data loader, not the model, is what a run measure
 ``ToyCNN`` learns whatever target the data serves (``target_kind``, see :mod:`lightning_lmdb.targets`), with the loss and
 metric registered for the kind's name in :mod:`lightning_lmdb.experiment.target_losses` (cross-entropy and accuracy for
 ``class``, binary cross-entropy and micro F1 for ``multilabel``, mean squared and absolute error for ``regression``, per-pixel
-cross-entropy and mean IoU for ``mask``; ``none`` is refused: nothing to learn). A kind of yours is one ``register_loss`` call.
+cross-entropy and mean IoU for ``mask``, a CenterNet-style detector and COCO's mAP for ``boxes``; ``none`` is refused: nothing
+to learn). A kind of yours is one ``register_loss`` call.
+
+For ``boxes`` (object detection) ``ToyCNN`` keeps the three blocks unpooled and puts the head of
+:mod:`lightning_lmdb.experiment.detection` on them: per-class centre heatmaps at stride 4 with box size and offset, decoded
+into scored boxes; ``val/map_50`` and ``val/map`` (torchmetrics' ``MeanAveragePrecision``) are logged per epoch.
 
 For ``mask`` (segmentation) ``ToyCNN`` is fully convolutional: the same three strided blocks without the pooling, a 1x1
 convolution to one logit per class, and the logits upsampled bilinearly to the input's ``H x W`` (a ``[N, C, H, W]`` output).
@@ -62,8 +67,8 @@ class ToyCNN(pl.LightningModule):
         width: Channels of the first block (doubled in each next one).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
-        target_kind: ``"class"``, ``"multilabel"``, ``"regression"`` or ``"mask"`` (``"none"`` is refused: nothing to learn), or a
-            kind of yours with a loss registered (:func:`lightning_lmdb.experiment.target_losses.register_loss`).
+        target_kind: ``"class"``, ``"multilabel"``, ``"regression"``, ``"mask"`` or ``"boxes"`` (``"none"`` is refused: nothing
+            to learn), or a kind of yours with a loss registered (:func:`lightning_lmdb.experiment.target_losses.register_loss`).
         num_outputs: Size of the head: the number of classes (``class``, ``multilabel``, ``mask``) or of values per sample
             (``regression``: ``len(datamodule.target_names)``); ``None`` for ``num_classes``.
         ignore_index: For ``mask``: the mask value of unlabelled pixels, left out of the loss and the mean IoU
@@ -100,7 +105,10 @@ class ToyCNN(pl.LightningModule):
             return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
 
         blocks = (block(3, width), block(width, 2 * width), block(2 * width, 4 * width))
-        if learned.dense:  # fully convolutional: a logit per class at 1/8 of the input's size, upsampled in forward
+        if learned.head is not None:  # the kind's own head on the stride-8 features (boxes: CenterNet-style heatmaps)
+            self.features = nn.Sequential(*blocks)
+            self.head = learned.head(4 * width, outputs)
+        elif learned.dense:  # fully convolutional: a logit per class at 1/8 of the input's size, upsampled in forward
             self.features = nn.Sequential(*blocks)
             self.head: nn.Module = nn.Conv2d(4 * width, outputs, 1)
         else:
@@ -108,12 +116,17 @@ class ToyCNN(pl.LightningModule):
             self.head = nn.Linear(4 * width, outputs)
         if learned.metric_state is not None:  # one per stage, summed over the epoch; their states are not in the checkpoint
             name = learned.metric_name
-            setattr(self, name, nn.ModuleDict({f"{stage}_{name}": learned.metric_state(outputs, ignore_index) for stage in _STAGES}))
-        self._dense = learned.dense
+            stages = [stage for stage in _STAGES if stage in learned.metric_stages]
+            setattr(self, name, nn.ModuleDict({f"{stage}_{name}": learned.metric_state(outputs, ignore_index) for stage in stages}))
+        self._own_head = learned.head is not None
+        self._dense = learned.dense and not self._own_head
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """The head's outputs for a batch of images: class logits (``class``, ``multilabel``), values (``regression``), or
-        per-pixel class logits ``[N, C, H, W]`` at the images' ``H x W`` (``mask``: a dense kind)."""
+        """The head's outputs for a batch of images: class logits (``class``, ``multilabel``), values (``regression``),
+        per-pixel class logits ``[N, C, H, W]`` at the images' ``H x W`` (``mask``: a dense kind), or what a kind's own head
+        gives (``boxes``: ``[N, C + 4, H / 4, W / 4]``, see :mod:`lightning_lmdb.experiment.detection`)."""
+        if self._own_head:
+            return self.head(self.features(images))
         if self._dense:
             return F.interpolate(self.head(self.features(images)), size=images.shape[-2:], mode="bilinear", align_corners=False)
         return self.head(self.features(images).flatten(1))
@@ -139,9 +152,28 @@ class ToyCNN(pl.LightningModule):
         assert learned.loss is not None
         loss = learned.loss(self, outputs, targets, stage)
         self.log(f"{stage}/loss", loss, **log)
-        if learned.metric is not None:
-            self.log(f"{stage}/{learned.metric_name}", learned.metric(self, outputs, targets, stage), **log)
+        if learned.metric is not None and stage in learned.metric_stages:
+            value = learned.metric(self, outputs, targets, stage)
+            if value is not None:
+                self.log(f"{stage}/{learned.metric_name}", value, **log)
         return loss
+
+    def _epoch_end(self, stage: str) -> None:
+        """Log the epoch's values of a kind with an ``epoch_metric`` (``{stage}/map_50`` and ``{stage}/map`` for ``boxes``)."""
+        learned = target_loss(self.target_kind)
+        if learned.epoch_metric is None or stage not in learned.metric_stages:
+            return
+        for name, value in learned.epoch_metric(self, stage).items():
+            self.log(f"{stage}/{name}", value, prog_bar=True)
+
+    def on_train_epoch_end(self) -> None:
+        self._epoch_end("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._epoch_end("test")
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self._step(batch, "train")
