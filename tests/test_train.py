@@ -259,6 +259,6 @@ def test_the_segmentation_demo_trains_through_compose(tmp_path: Path, train_modu
     assert (tmp_path / "demo_segmentation" / "train.csv").is_file() and not (tmp_path / "demo").exists()
     assert summary["meta"]["model"] == "ToyCNN"
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        bad = compose("train", overrides=["demo.kind=detection", f"paths.data_dir={tmp_path}"])
-    with pytest.raises(train_module.lightning_lmdb.errors.OptionError, match="demo.kind='detection'"):
+        bad = compose("train", overrides=["demo.kind=keypoints", f"paths.data_dir={tmp_path}"])
+    with pytest.raises(train_module.lightning_lmdb.errors.OptionError, match="demo.kind='keypoints'"):
         train_module.run(bad, tmp_path / "out2")
