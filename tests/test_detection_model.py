@@ -337,3 +337,12 @@ def test_train_points_the_data_at_the_detection_demo(tmp_path: Path) -> None:
     assert cfg.data.val_dir == str(tmp_path / "demo_detection" / "instances_val.json")
     assert cfg.data.source_options.root == str(tmp_path / "demo_detection")
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_missing_coco_backend_is_an_option_error_with_the_fix(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("pycocotools", "faster_coco_eval") else real(name, *a))
+    with pytest.raises(OptionError, match=r"needs pycocotools: pip install -e '\.\[train\]'"):
+        toy()

@@ -4,7 +4,7 @@ Hydra configs (``${lmdb_num_classes:${data}}``, :mod:`~lightning_lmdb.experiment
 when this package is imported (where OmegaConf is installed); :func:`register_resolvers` does it again.
 
 Needs the ``train`` extra (``pip install -e ".[train]"``: hydra-core, matplotlib, tensorboard,
-nvidia-ml-py); the library itself (``lightning_lmdb``) does not import this package.
+nvidia-ml-py, pycocotools for the toy detector's mAP); the library itself (``lightning_lmdb``) does not import this package.
 """
 
 from lightning_lmdb.experiment.resolvers import register_resolvers

@@ -30,6 +30,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from lightning_lmdb.errors import OptionError
+
 #: The head's output stride: one heatmap cell per ``STRIDE x STRIDE`` pixels of the input.
 STRIDE = 4
 #: Boxes per image that :func:`decode` keeps (the highest scores).
@@ -190,10 +192,22 @@ def metric_targets(targets: Sequence[Mapping[str, Any]], device: torch.device | 
 
 
 def make_map(num_classes: int = 0, ignore_index: int = 0) -> Any:
-    """torchmetrics' ``MeanAveragePrecision`` for boxes (XYXY), COCO's evaluation by pycocotools."""
+    """torchmetrics' ``MeanAveragePrecision`` for boxes (XYXY), COCO's evaluation by pycocotools (the ``train`` extra's),
+    else by faster-coco-eval when that is what is installed.
+
+    Raises:
+        OptionError: Neither is installed (the message says how to install it).
+    """
+    from importlib.util import find_spec
+
     from torchmetrics.detection import MeanAveragePrecision
 
-    return MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools")
+    backend = next((name for name, module in (("pycocotools", "pycocotools"), ("faster_coco_eval", "faster_coco_eval"))
+                    if find_spec(module) is not None), None)
+    if backend is None:
+        raise OptionError("The toy detector's metric (MeanAveragePrecision, COCO's mAP) needs pycocotools: "
+                          "pip install -e '.[train]' (or pip install 'pycocotools>=2.0.8').")
+    return MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=backend)
 
 
 def _image_size(outputs: torch.Tensor, targets: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:

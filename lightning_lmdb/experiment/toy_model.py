@@ -105,12 +105,13 @@ class ToyCNN(pl.LightningModule):
             return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
 
         blocks = (block(3, width), block(width, 2 * width), block(2 * width, 4 * width))
+        self.head: nn.Module
         if learned.head is not None:  # the kind's own head on the stride-8 features (boxes: CenterNet-style heatmaps)
             self.features = nn.Sequential(*blocks)
             self.head = learned.head(4 * width, outputs)
         elif learned.dense:  # fully convolutional: a logit per class at 1/8 of the input's size, upsampled in forward
             self.features = nn.Sequential(*blocks)
-            self.head: nn.Module = nn.Conv2d(4 * width, outputs, 1)
+            self.head = nn.Conv2d(4 * width, outputs, 1)
         else:
             self.features = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1))
             self.head = nn.Linear(4 * width, outputs)
