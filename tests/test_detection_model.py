@@ -343,6 +343,7 @@ def test_a_missing_coco_backend_is_an_option_error_with_the_fix(monkeypatch) -> 
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("pycocotools", "faster_coco_eval") else real(name, *a))
+    absent = ("pycocotools", "faster_coco_eval")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
     with pytest.raises(OptionError, match=r"needs pycocotools: pip install -e '\.\[train\]'"):
         toy()
