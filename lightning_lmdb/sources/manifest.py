@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_lmdb.errors import OptionError, SourceError
-from lightning_lmdb.sources import masks
+from lightning_lmdb.sources import boxcolumns, masks
 from lightning_lmdb.sources.base import NO_TARGET, Labels, SourceFile, SourceOptions, SourceScan, not_regular_reason
 from lightning_lmdb.sources.manifestfile import Table, read_table
 from lightning_lmdb.targets import TargetKind, target_kind
@@ -145,10 +145,14 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
         files.append(SourceFile(path, relpath, values[i], size, mtime, split, origin, mask, mask_size, mask_mtime))
     if mask_col is not None:
         return masks.mask_scan(root, files, special, options, {"manifest": table.name, "mask_column": mask_col})
-    identity = json.dumps({"manifest": table.name, "kind": targets.kind, "classes": targets.classes, "target_names": targets.names},
-                          sort_keys=True, ensure_ascii=False)
+    described: dict[str, Any] = {"manifest": table.name, "kind": targets.kind, "classes": targets.classes, "target_names": targets.names}
+    meta: dict[str, Any] = {}
+    if targets.kind == "boxes":  # each image's header read, the box rules applied
+        files, meta = boxcolumns.finish(files, special, options)
+        described["clip"] = bool(options.clip_boxes)
+    identity = json.dumps(described, sort_keys=True, ensure_ascii=False)
     return SourceScan(root=root, classes=targets.classes, class_to_idx={c: k for k, c in enumerate(targets.classes)}, files=files,
-                      special=special, target_kind=targets.kind, target_names=targets.names, identity=identity)
+                      special=special, target_kind=targets.kind, target_names=targets.names, identity=identity, target_meta=meta)
 
 
 def has_samples(source: Path, options: SourceOptions | None = None) -> bool:
@@ -337,6 +341,9 @@ def _infer(table: Table, column: str, values: list[Any], firsts: list[int]) -> s
 
 def _targets(table: Table, columns: list[str], options: SourceOptions) -> _Targets:
     kind, n = options.target_kind, len(table.rows)
+    if boxcolumns.holds_boxes(table, options):  # a boxes column (detection): lightning_lmdb.sources.boxcolumns
+        values, errors, found = boxcolumns.box_targets(table, options)
+        return _Targets("boxes", values, errors, classes=found)
     if kind is not None and kind not in _READ_HERE:  # a kind of yours: each cell held as its entry holds it
         return _held(table, columns, target_kind(kind), options)
     if kind == "none" or not columns:
