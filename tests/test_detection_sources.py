@@ -422,3 +422,43 @@ def test_coco_images_root_option_and_layouts(tmp_path: Path) -> None:
     source = source.rename(tmp_path / "c" / "annotations" / "instances_train.json")
     scan = scan_source(source)
     assert scan.root == (tmp_path / "c" / "train").resolve() and len(scan.files) == 3
+
+
+@pytest.fixture
+def boxes_kind():
+    """``"boxes"`` registered as a target kind (a minimal stand-in until the real kind is: SourceOptions checks the name)."""
+    from lightning_lmdb.targets import TargetKind, kind_names, register_target_kind, unregister_target_kind
+
+    if "boxes" in kind_names():
+        yield
+        return
+
+    class StandIn(TargetKind):
+        name = "boxes"
+        DESCRIPTION = "a stand-in for the boxes kind (tests of the detection sources)"
+
+    register_target_kind(StandIn())
+    yield
+    unregister_target_kind("boxes")
+
+
+def test_target_kind_boxes_names_the_labels_column(tmp_path: Path, boxes_kind: None) -> None:
+    _image(tmp_path / "a.png", (64, 48))
+    (tmp_path / "m.jsonl").write_text(json.dumps({"path": "a.png", "boxes": [[10, 5, 30, 25]], "cls": ["dog"]}) + "\n")
+    options = SourceOptions(target_kind="boxes", label_column="cls")
+    scan = scan_source(tmp_path / "m.jsonl", options)
+    assert scan.classes == ["dog"] and scan.files[0].target == Boxes(((10.0, 5.0, 30.0, 25.0),), (0,))
+    assert labels_of(tmp_path / "m.jsonl", options).target_kind == "boxes"
+    (tmp_path / "n.jsonl").write_text(json.dumps({"path": "a.png", "label": "dog"}) + "\n")
+    with pytest.raises(SourceError, match="no 'boxes' column for target_kind='boxes'"):
+        scan_source(tmp_path / "n.jsonl", SourceOptions(target_kind="boxes"))
+    write_coco(tmp_path / "coco")
+    assert scan_source(tmp_path / "coco" / "instances_train.json", SourceOptions(target_kind="boxes")).classes == CLASSES
+
+
+def test_cli_clip_boxes_flag() -> None:
+    from lightning_lmdb.tools.cli import make_parser, manifest_options
+
+    parser = make_parser()
+    assert manifest_options(parser.parse_args(["build", "src", "out", "--clip-boxes"])).clip_boxes is True
+    assert manifest_options(parser.parse_args(["build", "src", "out"])).clip_boxes is None

@@ -25,7 +25,10 @@ optional split name, a size and a modification time.
 
 (``options`` is a :class:`SourceOptions`: how any source is read). The kinds are tried in their order of registration (``before=`` puts one
 earlier): the library registers :mod:`lightning_lmdb.sources.manifest` (a CSV / TSV / JSON Lines file, or a folder holding
-``metadata.csv`` / ``metadata.jsonl``), then :mod:`lightning_lmdb.sources.folder` (an ImageFolder-layout or flat folder), then
+``metadata.csv`` / ``metadata.jsonl``), then the detection formats :mod:`lightning_lmdb.sources.coco` (a COCO JSON),
+:mod:`lightning_lmdb.sources.yolo` (a YOLO folder or its ``data.yaml``) and :mod:`lightning_lmdb.sources.voc` (a Pascal VOC
+folder) -- before the folder kind, which would take a YOLO or VOC folder for an ImageFolder --, then
+:mod:`lightning_lmdb.sources.folder` (an ImageFolder-layout or flat folder), then
 :mod:`lightning_lmdb.sources.dataset` (a map-style ``Dataset``). :func:`kind_of` remembers each source's kind (a path's
 while it is unchanged, an object's while it lives); a registration forgets them all.
 

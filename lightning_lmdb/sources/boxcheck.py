@@ -48,7 +48,7 @@ IMG_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff"
 _ORIENTATION = 0x0112
 
 
-class BadBox(ValueError):
+class BadBox(SourceError):
     """A box that cannot be stored: the message says what is wrong with it (the caller adds the file and place)."""
 
 

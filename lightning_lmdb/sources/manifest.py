@@ -47,6 +47,11 @@ placed like the image (relative to the root, inside it); a missing mask is repor
 manifest with both ``label`` and ``mask`` columns needs ``target_kind`` (``"mask"``: the label column is not read).
 ``ignore_index``, ``num_classes`` (and ``classes``) say how the mask values are read; without a mask column they are refused.
 
+**Boxes** (detection, :mod:`lightning_lmdb.sources.boxcolumns`): a ``boxes`` column (``[[x1, y1, x2, y2], ...]`` in pixels
+per row) with ``target_kind`` unset, or ``target_kind="boxes"``, makes the target kind ``"boxes"``; the labels column
+(``label_column=``, else ``labels``, else ``label``) gives one class name or index per box. Each image's header is read and
+the box rules of :mod:`lightning_lmdb.sources.boxcheck` applied.
+
 **Row errors** do not stop the scan: an empty or malformed label, a label not among ``classes=``, an index out of range,
 an empty image (or mask) cell, a path out of the root, a path no file name can hold (a NUL, a lone surrogate), an image listed
 twice (the later row; compared as absolute normalised paths, symbolic links not followed), an empty split cell, a FIFO or other
