@@ -361,6 +361,7 @@ def test_yolo_bad_line_names_the_file_and_line(formats: dict[str, Path], line: s
 @pytest.mark.parametrize(("xml", "said"), [
     ("not xml at all <", "Annotations/a.xml is not XML"),
     ('<?xml version="1.0"?><!DOCTYPE a [<!ENTITY x "y">]><annotation/>', "DTD or entity"),
+    ('<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE a [<!ENTITY x "y">]><annotation/>'.encode("utf-16"), "DTD or entity"),
     ("<annotation><filename>a.png</filename><object><name>cat</name></object></annotation>", "<size> is missing"),
     (_voc_xml("a.png", (64, 48), "<object><name>cat</name></object>"), "<object> 0 ('cat') has no <bndbox>"),
     (_voc_xml("a.png", (64, 48), "<object><name>cat</name><bndbox><xmin>1</xmin></bndbox></object>"), "lacks a number"),
@@ -368,8 +369,8 @@ def test_yolo_bad_line_names_the_file_and_line(formats: dict[str, Path], line: s
     (_voc_xml("gone.png", (64, 48), ""), "missing"),
     (_voc_xml("a.png", (60, 48), ""), "<size> says 60 x 48, the image file is 64 x 48"),
 ])
-def test_voc_bad_file_names_the_xml_and_element(formats: dict[str, Path], xml: str, said: str) -> None:
-    (formats["voc"] / "Annotations" / "a.xml").write_text(xml)
+def test_voc_bad_file_names_the_xml_and_element(formats: dict[str, Path], xml: str | bytes, said: str) -> None:
+    (formats["voc"] / "Annotations" / "a.xml").write_bytes(xml if isinstance(xml, bytes) else xml.encode())
     scan = scan_source(formats["voc"])
     [(relpath, reason)] = scan.special
     assert "Annotations/a.xml" in reason and said in reason, reason
@@ -462,3 +463,18 @@ def test_cli_clip_boxes_flag() -> None:
     parser = make_parser()
     assert manifest_options(parser.parse_args(["build", "src", "out", "--clip-boxes"])).clip_boxes is True
     assert manifest_options(parser.parse_args(["build", "src", "out"])).clip_boxes is None
+
+
+def test_datamodule_maps_a_val_json_through_the_train_classes(tmp_path: Path, boxes_kind: None) -> None:
+    from lightning_lmdb import LMDBDataModule
+
+    train = write_coco(tmp_path / "c", name="instances_train.json")
+    val = write_coco(tmp_path / "c", {"a": SCENES["a"]}, name="instances_val.json")
+    data = json.loads(val.read_text())
+    data["categories"] = [c for c in data["categories"] if c["name"] != "dog"]  # val has no dog: person would be 1, not 2
+    val.write_text(json.dumps(data))
+    dm = LMDBDataModule(train_dir=train, val_dir=val, cache_dir=tmp_path / "cache")
+    assert dm.classes == CLASSES and dm.target_kind == "boxes" and dm.num_classes == 3
+    options = dm._backend.split_options("val").manifest
+    assert options.classes == tuple(CLASSES)
+    assert scan_source(val, options).files[0].target.labels == (0, 2)

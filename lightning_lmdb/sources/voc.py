@@ -82,6 +82,14 @@ def _listed(root: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]], i
     return listed, special, len(set(xmls) - set(seen))
 
 
+def _declares_dtd(raw: bytes) -> bool:
+    """Whether an XML file holds a DTD or an entity declaration (looked for in its UTF-16 text too, which expat reads)."""
+    texts = [raw]
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        texts.append(raw.decode("utf-16", errors="replace").encode())
+    return any(b"<!DOCTYPE" in text or b"<!ENTITY" in text for text in texts)
+
+
 def _text(node: ET.Element, name: str) -> str | None:
     child = node.find(name)
     return None if child is None or child.text is None else child.text.strip()
@@ -96,7 +104,7 @@ def _parse(root: Path, stem: str, split: str) -> _Xml:
     except OSError:
         found.error = f"{rel} is missing; add the annotation of image id {stem!r}, or remove it from its ImageSets file"
         return found
-    if b"<!DOCTYPE" in found.raw or b"<!ENTITY" in found.raw:
+    if _declares_dtd(found.raw):
         found.error = f"{rel} holds a DTD or entity declaration (<!DOCTYPE / <!ENTITY), which is refused, never expanded; remove it"
         return found
     try:
