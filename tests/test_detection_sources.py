@@ -130,6 +130,7 @@ def test_four_formats_give_the_same_boxes_labels_and_classes(formats: dict[str, 
     expected = _expected()
     for kind, source in formats.items():
         assert kind_name(kind_of(source)) == kind, source
+        assert kind_of(source).has_samples(source, SourceOptions()) and kind_of(source).classes(source, SourceOptions())[0] == CLASSES
         scan = scan_source(source)
         assert scan.target_kind == "boxes" and scan.classes == CLASSES, kind
         assert scan.class_to_idx == {c: k for k, c in enumerate(CLASSES)}
