@@ -132,7 +132,7 @@ def test_kind_of_remembers_a_sources_kind_until_it_changes_or_a_kind_is_register
         assert sources.kind_of(dataset).NAME == "datasource" and sources.kind_of(folder).NAME == "manifest" and len(calls) == 9
     finally:
         sources.unregister_source_kind(counting)
-    assert [sources.kind_name(kind) for kind in sources.source_kinds()] == ["manifest", "folder", "datasource"]
+    assert [sources.kind_name(kind) for kind in sources.source_kinds()] == ["manifest", "coco", "yolo", "voc", "folder", "datasource"]
 
 
 def test_a_source_kind_lacking_a_member_is_refused_naming_it() -> None:
@@ -150,7 +150,7 @@ def test_a_source_kind_lacking_a_member_is_refused_naming_it() -> None:
 
 def test_source_kinds_is_still_readable_deprecated() -> None:
     with pytest.warns(DeprecationWarning, match="register_source_kind"):
-        kinds = ("lightning_lmdb.sources.manifest", "lightning_lmdb.sources.folder", "lightning_lmdb.sources.dataset")
+        kinds = tuple(f"lightning_lmdb.sources.{name}" for name in ("manifest", "coco", "yolo", "voc", "folder", "dataset"))
         assert sources.SOURCE_KINDS == kinds
 
 

@@ -30,8 +30,8 @@ from lightning_lmdb.read import blockread
 from lightning_lmdb.read.dataset import ImageDatasetBase, LMDBImageDataset
 from lightning_lmdb.read.raw import RawImageDataset, SampleReads, SourceDataset, mask_classes, read_samples
 from lightning_lmdb.sources import base as sources
+from lightning_lmdb.sources import coco, folder, manifest, voc, yolo
 from lightning_lmdb.sources import dataset as datasource
-from lightning_lmdb.sources import folder, manifest
 from lightning_lmdb.sources.base import SourceScan, scan_source
 from lightning_lmdb.store import database, fsops
 from lightning_lmdb.store.format import DatabaseError, Metadata
@@ -68,7 +68,9 @@ def writing_to(folder: Path, option: str) -> Iterator[None]:
 
 
 #: The target kinds whose targets index the classes: a val or test split's are mapped through the training split's classes.
-_CLASS_KINDS = ("class", "multilabel")
+_CLASS_KINDS = ("class", "multilabel", "boxes")
+#: The source kinds that map their classes through given ones (``classes=``).
+_MAPPABLE = (folder, manifest, coco, yolo, voc)
 
 
 def _meta_labels(meta: Metadata) -> sources.Labels:
@@ -234,7 +236,7 @@ class ServingBackend:
                 f"remove them from {split}_dir, or name every class in target order for all splits: source_options={{'classes': [...]}} "
                 "(Hydra: data.source_options.classes=[...])."
             )
-        if kind not in (folder, manifest):  # a database's targets are stored, a Dataset's are its own: they cannot be mapped here
+        if kind not in _MAPPABLE:  # a database's targets are stored, a Dataset's are its own: they cannot be mapped here
             moved = ", ".join(f"{name!r} is {k} there, {train.class_to_idx[name]} in training"
                               for name, k in own.class_to_idx.items() if train.class_to_idx[name] != k)
             fix = (f"or rebuild it with them (lightning-lmdb build ... --classes {','.join(train.classes)})" if kind is None else

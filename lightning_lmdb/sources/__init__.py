@@ -7,7 +7,8 @@ registered kinds in order and returns a :class:`~lightning_lmdb.sources.base.Sou
 
 Modules: ``base`` (the registry, the scan's types, :class:`~lightning_lmdb.sources.base.SourceOptions`), ``manifest`` and
 ``manifestfile`` (CSV / TSV / JSON Lines manifests), ``folder`` (ImageFolder-layout and flat folders), ``dataset``
-(a map-style ``Dataset``), ``masks`` (segmentation masks beside a source's images). A new source kind is a file of
+(a map-style ``Dataset``), ``masks`` (segmentation masks beside a source's images), the detection formats ``coco``,
+``yolo``, ``voc`` and ``boxcolumns`` (a manifest's boxes) with their shared box rules, ``boxcheck``. A new source kind is a file of
 its own here plus one ``register_source_kind`` line. ``lightning_lmdb.sources`` re-exports ``base``.
 Imports only :mod:`lightning_lmdb.errors`, :mod:`lightning_lmdb.codec` and :mod:`lightning_lmdb.targets`.
 """

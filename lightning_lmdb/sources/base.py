@@ -25,7 +25,10 @@ optional split name, a size and a modification time.
 
 (``options`` is a :class:`SourceOptions`: how any source is read). The kinds are tried in their order of registration (``before=`` puts one
 earlier): the library registers :mod:`lightning_lmdb.sources.manifest` (a CSV / TSV / JSON Lines file, or a folder holding
-``metadata.csv`` / ``metadata.jsonl``), then :mod:`lightning_lmdb.sources.folder` (an ImageFolder-layout or flat folder), then
+``metadata.csv`` / ``metadata.jsonl``), then the detection formats :mod:`lightning_lmdb.sources.coco` (a COCO JSON),
+:mod:`lightning_lmdb.sources.yolo` (a YOLO folder or its ``data.yaml``) and :mod:`lightning_lmdb.sources.voc` (a Pascal VOC
+folder) -- before the folder kind, which would take a YOLO or VOC folder for an ImageFolder --, then
+:mod:`lightning_lmdb.sources.folder` (an ImageFolder-layout or flat folder), then
 :mod:`lightning_lmdb.sources.dataset` (a map-style ``Dataset``). :func:`kind_of` remembers each source's kind (a path's
 while it is unchanged, an object's while it lives); a registration forgets them all.
 
@@ -72,7 +75,8 @@ class SourceOptions:
 
     Attributes:
         root: The folder a manifest's relative image paths are relative to (and must stay inside); ``None``: the
-            manifest's own folder.
+            manifest's own folder. For a COCO JSON: its images folder (``None``: found beside it, see
+            :mod:`lightning_lmdb.sources.coco`).
         path_column: The image column; ``None``: ``path``, else Hugging Face's ``file_name``.
         label_column: The target column (several, comma-separated or a list, for a regression target of K numbers);
             ``None``: ``label`` when the manifest has it, else no target.
@@ -87,6 +91,8 @@ class SourceOptions:
             (``images/a/1.jpg`` with ``masks/a/1.png``); ``None``: the folder has no masks.
         ignore_index: The mask value of unlabelled pixels (kept as is, not a class); ``None``: 255.
         num_classes: The number of mask classes; ``None``: the largest mask value below ``ignore_index`` plus one.
+        clip_boxes: Detection sources: clip a box that crosses its image's edge by more than a pixel to the image, instead of
+            refusing it (:mod:`lightning_lmdb.sources.boxcheck`); ``None`` / ``False``: refused (a pixel or less is always clipped).
 
     Raises:
         OptionError: A value of the wrong type, or a ``target_kind`` that is not one of :data:`TARGET_KINDS`.
@@ -104,6 +110,7 @@ class SourceOptions:
     masks_dir: str | None = None
     ignore_index: int | None = None
     num_classes: int | None = None
+    clip_boxes: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.label_column, (list, tuple)):
@@ -124,6 +131,8 @@ class SourceOptions:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise OptionError(f"{name}={value!r} must be an integer >= {least}, or None.")
+        if self.clip_boxes is not None and not isinstance(self.clip_boxes, bool):
+            raise OptionError(f"clip_boxes={self.clip_boxes!r} must be True, False or None.")
         for name in ("root", "path_column", "split_column", "label_sep", "mask_column", "masks_dir"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (str, os.PathLike)) or value == ""):
@@ -555,5 +564,8 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
 
 
 register_source_kind("lightning_lmdb.sources.manifest")
+register_source_kind("lightning_lmdb.sources.coco")
+register_source_kind("lightning_lmdb.sources.yolo")
+register_source_kind("lightning_lmdb.sources.voc")
 register_source_kind("lightning_lmdb.sources.folder")
 register_source_kind("lightning_lmdb.sources.dataset")

@@ -47,6 +47,11 @@ placed like the image (relative to the root, inside it); a missing mask is repor
 manifest with both ``label`` and ``mask`` columns needs ``target_kind`` (``"mask"``: the label column is not read).
 ``ignore_index``, ``num_classes`` (and ``classes``) say how the mask values are read; without a mask column they are refused.
 
+**Boxes** (detection, :mod:`lightning_lmdb.sources.boxcolumns`): a ``boxes`` column (``[[x1, y1, x2, y2], ...]`` in pixels
+per row) with ``target_kind`` unset, or ``target_kind="boxes"``, makes the target kind ``"boxes"``; the labels column
+(``label_column=``, else ``labels``, else ``label``) gives one class name or index per box. Each image's header is read and
+the box rules of :mod:`lightning_lmdb.sources.boxcheck` applied.
+
 **Row errors** do not stop the scan: an empty or malformed label, a label not among ``classes=``, an index out of range,
 an empty image (or mask) cell, a path out of the root, a path no file name can hold (a NUL, a lone surrogate), an image listed
 twice (the later row; compared as absolute normalised paths, symbolic links not followed), an empty split cell, a FIFO or other
@@ -69,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_lmdb.errors import OptionError, SourceError
-from lightning_lmdb.sources import masks
+from lightning_lmdb.sources import boxcolumns, masks
 from lightning_lmdb.sources.base import NO_TARGET, Labels, SourceFile, SourceOptions, SourceScan, not_regular_reason
 from lightning_lmdb.sources.manifestfile import Table, read_table
 from lightning_lmdb.targets import TargetKind, target_kind
@@ -145,10 +150,14 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
         files.append(SourceFile(path, relpath, values[i], size, mtime, split, origin, mask, mask_size, mask_mtime))
     if mask_col is not None:
         return masks.mask_scan(root, files, special, options, {"manifest": table.name, "mask_column": mask_col})
-    identity = json.dumps({"manifest": table.name, "kind": targets.kind, "classes": targets.classes, "target_names": targets.names},
-                          sort_keys=True, ensure_ascii=False)
+    described: dict[str, Any] = {"manifest": table.name, "kind": targets.kind, "classes": targets.classes, "target_names": targets.names}
+    meta: dict[str, Any] = {}
+    if targets.kind == "boxes":  # each image's header read, the box rules applied
+        files, meta = boxcolumns.finish(files, special, options)
+        described["clip"] = bool(options.clip_boxes)
+    identity = json.dumps(described, sort_keys=True, ensure_ascii=False)
     return SourceScan(root=root, classes=targets.classes, class_to_idx={c: k for k, c in enumerate(targets.classes)}, files=files,
-                      special=special, target_kind=targets.kind, target_names=targets.names, identity=identity)
+                      special=special, target_kind=targets.kind, target_names=targets.names, identity=identity, target_meta=meta)
 
 
 def has_samples(source: Path, options: SourceOptions | None = None) -> bool:
@@ -337,6 +346,9 @@ def _infer(table: Table, column: str, values: list[Any], firsts: list[int]) -> s
 
 def _targets(table: Table, columns: list[str], options: SourceOptions) -> _Targets:
     kind, n = options.target_kind, len(table.rows)
+    if boxcolumns.holds_boxes(table, options):  # a boxes column (detection): lightning_lmdb.sources.boxcolumns
+        values, errors, found = boxcolumns.box_targets(table, options)
+        return _Targets("boxes", values, errors, classes=found)
     if kind is not None and kind not in _READ_HERE:  # a kind of yours: each cell held as its entry holds it
         return _held(table, columns, target_kind(kind), options)
     if kind == "none" or not columns:

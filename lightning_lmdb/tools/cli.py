@@ -80,7 +80,8 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
 
 #: The manifest flags of ``build`` and ``verify``: ``(flag, SourceOptions field, metavar, help)``.
 _MANIFEST_FLAGS = (
-    ("--root", "root", "DIR", "the folder a manifest's relative image paths are relative to (default: the manifest's own folder)"),
+    ("--root", "root", "DIR", "the folder a manifest's relative image paths are relative to (default: the manifest's own folder); "
+                              "a COCO JSON's images folder (default: found beside the JSON)"),
     ("--path-column", "path_column", "COLUMN", "a manifest's image column (default: path, else file_name)"),
     ("--label-column", "label_column", "COLUMN[,COLUMN...]", "a manifest's target column; several, comma-separated, for a regression "
                                                              "target of K numbers (default: label when present, else no target)"),
@@ -95,9 +96,13 @@ _MANIFEST_FLAGS = (
                                         "without the extension (images/a/1.jpg with masks/a/1.png)"),
     ("--ignore-index", "ignore_index", "N", "the mask value of unlabelled pixels, kept as is and not a class (default: 255)"),
     ("--num-classes", "num_classes", "N", "the number of mask classes (default: the largest class id in the masks plus one)"),
+    ("--clip-boxes", "clip_boxes", None, "detection sources: clip a box past its image's edge by more than a pixel to the image "
+                                         "(default: such a box is refused; a pixel or less is always clipped)"),
 )
 #: The manifest flags that take an integer.
 _INT_FLAGS = ("ignore_index", "num_classes")
+#: The manifest flags that take no value (True when given).
+_BOOL_FLAGS = ("clip_boxes",)
 
 
 def _add_manifest_flags(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +111,9 @@ def _add_manifest_flags(parser: argparse.ArgumentParser) -> None:
                                       "--masks-dir for an image folder)")
     for flag, field, metavar, text in _MANIFEST_FLAGS:
         choices = kind_names() if field == "target_kind" else None  # the registered kinds, when the parser is made
+        if field in _BOOL_FLAGS:
+            group.add_argument(flag, dest=f"manifest_{field}", default=None, action="store_const", const=True, help=text)
+            continue
         group.add_argument(flag, dest=f"manifest_{field}", default=None, choices=choices, metavar=metavar, help=text,
                            type=int if field in _INT_FLAGS else None)
 
