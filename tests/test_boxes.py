@@ -160,7 +160,7 @@ def test_every_served_corner_lands_on_its_source_pixels(tmp_path: Path, case: st
 
 
 def _loader_error(tmp_path: Path, workers: int, context: str | None = None, case: str = "jpeg-reduced",
-                  backend: str = "lmdb") -> tuple[float, int]:
+                  backend: str = "lmdb", decode_device: str | None = None) -> tuple[float, int]:
     """The largest corner error over a training and a validation epoch of a DataModule (its default transforms), and the
     samples seen."""
     torch.manual_seed(0)
@@ -169,7 +169,7 @@ def _loader_error(tmp_path: Path, workers: int, context: str | None = None, case
                           cache_dir=tmp_path / "cache", image_size=SIZE, batch_size=3, num_workers=workers,
                           multiprocessing_context=context, persistent_workers=False, decoder="pil",
                           storage="encoded" if fmt == "jpeg" else "auto", resize=40 if case == "resize" else None,
-                          decode_size=SIZE // 2 if fmt == "jpeg" else "auto")
+                          decode_size=SIZE // 2 if fmt == "jpeg" and decode_device is None else "auto", decode_device=decode_device)
     data.prepare_data()
     data.setup("fit")
     assert data.target_kind == "boxes" and data.classes == boxkit.CLASSES and data.num_classes == 3
@@ -177,7 +177,9 @@ def _loader_error(tmp_path: Path, workers: int, context: str | None = None, case
     assert isinstance(data.datasets["val"].transform, LetterboxResize) and not data.datasets["val"].transform.train
     worst, seen = 0.0, 0
     for loader in (data.train_dataloader(), data.val_dataloader()):
-        for images, targets in loader:
+        for batch in loader:
+            assert not decode_device or type(batch[0]).__name__ == "DeferredImages", "the JPEGs were left to the batched decode"
+            images, targets = data.on_before_batch_transfer(batch, 0) if decode_device else batch
             assert images.dtype == torch.uint8 and images.shape[1:] == (3, SIZE, SIZE) and isinstance(targets, list)
             for image, target in zip(images, targets, strict=True):
                 i = target["image_id"] - 100
@@ -191,6 +193,13 @@ def _loader_error(tmp_path: Path, workers: int, context: str | None = None, case
 @pytest.mark.parametrize("case", ["jpeg-reduced", "resize"])
 def test_the_datamodules_loaders_serve_exact_boxes_with_and_without_workers(tmp_path: Path, workers: int, case: str) -> None:
     worst, seen = _loader_error(tmp_path, workers, "fork" if workers else None, case)
+    assert seen == 2 * len(boxkit.BOXES) and worst <= TOLERANCE
+
+
+def test_the_batched_decode_moves_the_boxes_as_it_crops_the_images(tmp_path: Path) -> None:
+    """``decode_device``: the workers ship JPEG bytes and each sample's letterbox parameters; the boxes are moved in the workers
+    by the same parameters the batched decode then applies (here on the CPU)."""
+    worst, seen = _loader_error(tmp_path, 0, None, "jpeg-reduced", decode_device="cpu")
     assert seen == 2 * len(boxkit.BOXES) and worst <= TOLERANCE
 
 
