@@ -4,7 +4,7 @@ A target kind is everything that depends on what a sample's target is, in one ob
 (:meth:`TargetKind.hold`), the typed arrays that store it in a database's metadata (:meth:`TargetKind.pack`,
 :meth:`TargetKind.read`), what a sample serves (:meth:`TargetKind.item`), its geometry under the joint crop / resize /
 flip of the image (:meth:`TargetKind.geometry`), its collate (:meth:`TargetKind.collate`) and how ``verify`` compares it
-(:meth:`TargetKind.named`). The library's kinds (``class``, ``multilabel``, ``regression``, ``none``, ``mask``) are
+(:meth:`TargetKind.named`). The library's kinds (``class``, ``multilabel``, ``regression``, ``none``, ``mask``, ``boxes``) are
 entries of the registry like any other; a kind of yours is one :func:`register_target_kind` call.
 
 This module imports nothing of the library but the table and plain helpers, so that :mod:`lightning_lmdb.sources.base` can ask the
