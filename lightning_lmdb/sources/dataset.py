@@ -446,7 +446,7 @@ def _png(image: Image.Image) -> bytes:
 
 
 _TARGET_HELP = ("return an int (class index), a str (class name), a list of them (multi-label), a float or a list / tensor of "
-                "floats (regression), or None (no target)")
+                "floats (regression), a dict of 'boxes' and 'labels' (detection), or None (no target)")
 
 
 def _plain_target(target: Any) -> Any:
@@ -466,7 +466,7 @@ def _plain_target(target: Any) -> Any:
         return [_plain_item(item) for item in target]
     if isinstance(target, Boxes):
         target = target.to_json()
-    if isinstance(target, Mapping):  # a structured target (boxes: {"boxes": [[x1, y1, x2, y2], ...], "labels": [...], ...})
+    if isinstance(target, Mapping) and "boxes" in target:  # detection: {"boxes": [[x1, y1, x2, y2], ...], "labels": [...], ...}
         return {str(key): _plain_nested(value) for key, value in target.items()}
     return _plain_item(target)
 
