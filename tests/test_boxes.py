@@ -291,3 +291,11 @@ def test_a_batch_gives_a_finite_loss_in_a_torchvision_detector(tmp_path: Path) -
     losses = model(list(images), [{"boxes": t["boxes"], "labels": t["labels"] + 1} for t in targets])
     assert set(losses) >= {"loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg"}
     assert all(torch.isfinite(v) for v in losses.values())
+
+
+def test_a_sharded_build_joins_the_boxes_of_its_shards(boxjson_kind: Any, tmp_path: Path) -> None:
+    listing = boxkit.write_scenes(tmp_path / "scenes")
+    sharded = build_lmdb(listing, tmp_path / "sharded", workers=0, progress=False, shards=2)
+    one = build_lmdb(listing, tmp_path / "one.lmdb", workers=0, progress=False)
+    assert [_plain(LMDBImageDataset(sharded)[i][1]) for i in range(4)] == [_plain(LMDBImageDataset(one)[i][1]) for i in range(4)]
+    assert describe_lmdb(sharded)["boxes"] == describe_lmdb(one)["boxes"] and verify_lmdb(sharded, source=listing).ok
