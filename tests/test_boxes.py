@@ -299,3 +299,17 @@ def test_a_sharded_build_joins_the_boxes_of_its_shards(boxjson_kind: Any, tmp_pa
     one = build_lmdb(listing, tmp_path / "one.lmdb", workers=0, progress=False)
     assert [_plain(LMDBImageDataset(sharded)[i][1]) for i in range(4)] == [_plain(LMDBImageDataset(one)[i][1]) for i in range(4)]
     assert describe_lmdb(sharded)["boxes"] == describe_lmdb(one)["boxes"] and verify_lmdb(sharded, source=listing).ok
+
+
+def test_a_transforms_v2_pipeline_of_yours_gets_image_and_target_together(tmp_path: Path) -> None:
+    from torchvision.transforms import v2
+
+    mine = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(p=1.0), v2.Resize((48, 60)), v2.SanitizeBoundingBoxes()])
+    ds = LMDBImageDataset(_build(tmp_path), transform=mine)
+    for i in range(3):
+        image, target = ds[i]
+        assert image.shape == (3, 48, 60) and target["labels"].tolist() == boxkit.LABELS[i]
+        assert boxkit.corner_error(image, target["boxes"], boxkit.BOXES[i]) <= TOLERANCE
+    normalised = whole_image(train_transform(SIZE, normalize=True))
+    image, target = LMDBImageDataset(_build(tmp_path / "n"), transform=normalised)[0]
+    assert isinstance(normalised.transforms[0], LetterboxResize) and image.dtype == torch.float32 and len(target["labels"]) == 2
