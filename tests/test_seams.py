@@ -342,7 +342,7 @@ def test_an_unknown_target_kind_is_refused_naming_it_the_kinds_and_how_to_regist
         targets.target_kind("keypoints")
     with pytest.raises(OptionError, match=r"target_kind='keypoints' is not one of .*\(or None to infer it\).*register_target_kind"):
         sources.SourceOptions(target_kind="keypoints")
-    assert [kind.name for kind in targets.target_kinds()] == ["class", "multilabel", "regression", "none", "mask"]
+    assert [kind.name for kind in targets.target_kinds()] == ["class", "multilabel", "regression", "none", "mask", "boxes"]
 
 
 def _train_points(tmp_path: Path, context: str | None) -> list[list[int]]:

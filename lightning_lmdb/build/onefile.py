@@ -415,6 +415,8 @@ class _Writer:
             labels=table.labels,
             label_offsets=table.offsets,
             values=table.values,
+            target_arrays=dict(table.extra or {}),
+            target_meta=dict(scan.target_meta or {}),
             split_names=split_names,
             splits=scan.split_indices(kept),
             **(_mask_fields(scan, kept) if isinstance(scan, masks.MaskScan) else {}),

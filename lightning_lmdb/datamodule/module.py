@@ -269,6 +269,8 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         self.image_size = image_size
         self.train_transform, self.eval_transform = default_transforms(train_transform, eval_transform, image_size, finish_on_device,
                                                                        mean, std, decode_device)
+        #: Whether each transform is the default (a kind that keeps the image whole, boxes, is then served a letterbox instead).
+        self._default_transforms = (train_transform is None, eval_transform is None)
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.num_workers = min(8, available_cores()) if num_workers is None else num_workers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -358,14 +360,15 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         evaluate = stage in (None, "fit", "validate") or (stage == "predict" and self.sources["test"] is None)
         test = stage in (None, "test", "predict")
         if self.sources["train"] is not None and (fit or (evaluate and self.val_fraction) or (test and self.sources["test"] is None)):
-            transforms = {"train": self.train_transform, "val": self.eval_transform, "test": self.eval_transform}
             full = self._backend.open("train")
+            train_transform, eval_transform = self._transforms_for(full)
+            transforms = {"train": train_transform, "val": eval_transform, "test": eval_transform}
             parts = source_splits(full)
             if parts is not None:  # the source's split column decides; val_fraction does not apply
-                train = full.view(parts["train"], self.train_transform)
+                train = full.view(parts["train"], train_transform)
                 for split, wanted in (("val", evaluate), ("test", test)):
                     if wanted and self.sources[split] is None and len(parts[split]):
-                        self.datasets[split] = full.view(parts[split], self.eval_transform)
+                        self.datasets[split] = full.view(parts[split], eval_transform)
             elif self.val_fraction or self.test_fraction:  # seeded parts: pickled as (seed, fractions, part), recomputed in each worker
                 carved = full.parts(self.split_seed, self.val_fraction, self.test_fraction, transforms)
                 train = carved["train"]
@@ -373,7 +376,7 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
                     if wanted and split in carved:
                         self.datasets[split] = carved[split]
             else:
-                train = full.view(None, self.train_transform)
+                train = full.view(None, train_transform)
             if fit:
                 self.train_shuffle = self._choose_shuffle(full)
                 if self.train_shuffle == "block" and isinstance(train, LMDBImageDataset):
@@ -382,12 +385,24 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
                     train.read_blocks(True)
                 self.datasets["train"] = train
         if evaluate and self.sources["val"] is not None:
-            self.datasets["val"] = self._backend.open("val").view(None, self.eval_transform)
+            opened = self._backend.open("val")
+            self.datasets["val"] = opened.view(None, self._transforms_for(opened)[1])
         if stage in (None, "test", "predict") and self.sources["test"] is not None:
-            self.datasets["test"] = self._backend.open("test").view(None, self.eval_transform)
+            opened = self._backend.open("test")
+            self.datasets["test"] = opened.view(None, self._transforms_for(opened)[1])
         for dataset in self.datasets.values():
             dataset.set_decoding(self.decoder, decode_size_for(self.decode_size, dataset.transform, self.image_size),
                                  defer_jpeg=self.decode_device is not None)
+
+    def _transforms_for(self, dataset: ImageDatasetBase) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+        """The training and evaluation transforms of ``dataset``: a default one as :func:`transforms.whole_image` (a letterbox
+        with scale jitter and flip) when its target kind keeps the image whole (boxes), else as they are."""
+        found = (self.train_transform, self.eval_transform)
+        kind = getattr(dataset, "target_entry", None)
+        if kind is None or not kind.keeps_whole:
+            return found
+        return tuple(transforms.whole_image(t) if default else t  # type: ignore[return-value]
+                     for t, default in zip(found, self._default_transforms, strict=True))
 
     def _choose_shuffle(self, full: ImageDatasetBase) -> Shuffle:
         """``shuffle``, or (``None``) :func:`choose_shuffle` of the training data's size -- rank 0's, under DDP."""

@@ -250,6 +250,8 @@ class ImageDatasetBase(RowView, DecodingChoice, Dataset):
         if isinstance(image, WithMask):
             return self._transformed_pair(image, row)
         target: Any = self._all_targets().item(row)
+        if self.target_entry.has_geometry:  # in the pixels of the image as stored (a resize= build's boxes scaled to it)
+            target = self.target_entry.at_size(target, image.size if isinstance(image, Deferred) else image_size(image))
         if self.transform is not None and self.target_entry.has_geometry:
             image, target = self._with_geometry(image, target)
         elif self.transform is not None and not isinstance(image, Deferred):

@@ -172,6 +172,11 @@ class ResizedCrop:
             out[..., 0] = self.size - out[..., 0]
         return out
 
+    def output_bounds(self, params: Sequence[int]) -> tuple[int, int]:
+        """``(height, width)`` of the picture in the output (the boxes of a detection sample are clipped to it): the whole
+        ``size x size`` output."""
+        return self.size, self.size
+
     def _resized(self, h: int, w: int) -> tuple[tuple[int, int], tuple[int, int]]:
         """The size a ``h x w`` crop is resized to, and where the output starts in it (evaluation: the centre crop's offsets)."""
         if self.train:
@@ -214,6 +219,102 @@ class ResizedCrop:
             raise ValueError(f"A mask of shape {tuple(mask.shape)} for an image of {size[0]} x {size[1]} pixels (in its file): "
                              "a mask must be H x W, the size of its image.")
         return out, self.apply_mask(mask, params, fill)
+
+
+@dataclass(frozen=True)
+class LetterboxResize(ResizedCrop):
+    """The whole image resized, its aspect kept, into the top left of a ``size x size`` output padded with zeros; for
+    training with scale jitter and a horizontal flip. The default transforms of detection data (target kind ``"boxes"``):
+    every object stays whole, where a random crop would cut boxes (and drop the objects it leaves out).
+
+    Training: the longer side becomes ``size * s``, ``s`` drawn uniformly from ``scale`` per sample, then the picture is
+    flipped with probability ``hflip`` (within its own width: it stays at the top left). Evaluation: the longer side becomes
+    ``size`` (``s = 1``), no flip. The picture's rows and columns are the image's resized by the same antialiased resize as
+    :class:`ResizedCrop`'s, so a point ``(x, y)`` of the image in its file lands on ``(x * w' / W, y * h' / H)``, ``h' x w'``
+    the picture's size (:meth:`output_bounds`).
+
+    ``params`` are ``(0, 0, H, W, flip, L)``: the whole image, the flip, and ``L``, the side in the file's pixels that
+    ``size`` output pixels span (``L = ceil(max(H, W) / s)``): ints, so the batched device decode ships them as it does a crop.
+
+    Args:
+        size: Output side.
+        train: Scale jitter and flip (``True``) or a plain fit (``False``).
+        scale: Range of the longer side's scale ``s`` (training).
+        hflip: Probability of a horizontal flip (training).
+    """
+
+    scale: tuple[float, float] = (0.75, 1.0)
+
+    @property
+    def min_input_side(self) -> int:
+        """The shorter side a decode needs: ``size`` (the picture's sides are at most ``size``, so it is only downscaled)."""
+        return self.size
+
+    def params(self, height: int, width: int, align: int = 1) -> tuple[int, ...]:  # type: ignore[override]
+        """``(0, 0, height, width, flip, L)`` for an image of this size in its file (torch's RNG, so workers differ)."""
+        if not self.train:
+            return 0, 0, height, width, 0, max(height, width)
+        s = float(torch.empty(1).uniform_(self.scale[0], self.scale[1]).item())
+        side = max(math.ceil(max(height, width) / s), max(height, width))
+        return 0, 0, height, width, int(torch.rand(1).item() < self.hflip), side
+
+    def output_bounds(self, params: Sequence[int]) -> tuple[int, int]:
+        """``(h', w')``, the picture's size in the output: the image's sides times ``size / L``, rounded (at least 1)."""
+        _, _, h, w, _, side = (int(p) for p in params)
+        return max(1, round(h * self.size / side)), max(1, round(w * self.size / side))
+
+    def apply(self, image: torch.Tensor, params: Sequence[int], factor: int = 1) -> torch.Tensor:
+        """The image (``3 x H x W``, any device; a reduced-size decode at ``1 / factor`` of its file) resized to its picture,
+        flipped when drawn, in the top left of a zero ``size x size`` output of its dtype."""
+        _, _, h, w, flip, _ = (int(p) for p in params)
+        rows, cols = self.output_bounds(params)
+        picture = _resized_box(image, (0, 0, h, w), [rows, cols], factor)
+        if flip:
+            picture = picture.flip(-1)
+        out = picture.new_zeros((*picture.shape[:-2], self.size, self.size))
+        out[..., :rows, :cols] = picture
+        return out
+
+    def apply_mask(self, mask: torch.Tensor, params: Sequence[int], fill: int = DEFAULT_IGNORE_INDEX) -> torch.Tensor:
+        """The geometry of :meth:`apply` given to a mask (``H x W``, nearest-neighbour), its padding ``fill``."""
+        _, _, h, w, flip, _ = (int(p) for p in params)
+        rows, cols = self.output_bounds(params)
+        r = _nearest(0, h, rows, rows, 0, mask.device)
+        c = _nearest(0, w, cols, cols, 0, mask.device)
+        if flip:
+            c = c.flip(0)
+        picture = mask.as_subclass(torch.Tensor).index_select(-2, r).index_select(-1, c)
+        dtype = picture.dtype if torch.iinfo(picture.dtype).min <= fill <= torch.iinfo(picture.dtype).max else torch.int64
+        out = torch.full((*picture.shape[:-2], self.size, self.size), fill, dtype=dtype, device=mask.device)
+        out[..., :rows, :cols] = picture
+        return tv_tensors.Mask(out) if isinstance(mask, tv_tensors.Mask) else out
+
+    def map_points(self, points: torch.Tensor, params: Sequence[int]) -> torch.Tensor:
+        """Points ``(x, y)`` of the image in its file (``N x 2``) where :meth:`apply` puts them: scaled by the picture's size over
+        the image's, ``x`` mirrored within the picture by a flip. ``float32``."""
+        _, _, h, w, flip, _ = (int(p) for p in params)
+        rows, cols = self.output_bounds(params)
+        out = points.to(torch.float32).clone()
+        out[..., 0] = out[..., 0] * (cols / w)
+        out[..., 1] = out[..., 1] * (rows / h)
+        if flip:
+            out[..., 0] = cols - out[..., 0]
+        return out
+
+
+def whole_image(transform: Any) -> Any:
+    """A default transform (a :class:`ResizedCrop`, or the defaults' ``v2.Compose`` starting with one) as the
+    :class:`LetterboxResize` of the same size and stage -- what the DataModule serves a target kind that keeps the image whole
+    (``TargetKind.keeps_whole``: boxes); any other transform as it is."""
+    crop = joint_crop(transform)
+    if crop is None or isinstance(crop, LetterboxResize):
+        return transform
+    whole = LetterboxResize(crop.size, train=crop.train, hflip=crop.hflip if crop.train else 0.0)
+    if crop is transform:
+        return whole
+    compose = v2.Compose([whole, *transform.transforms[1:]])
+    compose.min_input_side = whole.min_input_side
+    return compose
 
 
 def _centre_offset(length: int, crop: int) -> int:

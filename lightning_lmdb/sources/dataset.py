@@ -62,7 +62,7 @@ from PIL import Image
 from lightning_lmdb.codec.storage import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record
 from lightning_lmdb.errors import BuildError, LightningLMDBError, NotRegularFileError, OptionError, SourceError
 from lightning_lmdb.sources.base import NO_TARGET, Labels, SourceFile, SourceOptions, SourceScan, Target, read_file
-from lightning_lmdb.targets import target_kind
+from lightning_lmdb.targets import Boxes, target_kind
 
 __all__ = ["DESCRIPTION", "DatasetScan", "NAME", "PATHS", "FoundTargets", "RecordTargets", "accepts", "classes", "dataset_of",
            "has_samples", "identity", "labels", "read_sample", "sample_image", "sample_parts", "scan"]
@@ -356,6 +356,9 @@ def read_sample(dataset: Any, task: tuple[int, str, str, int | None, int | None,
         target = _plain_target(target)
         found = sample_image(image)
         data = _png(found) if isinstance(found, Image.Image) else found
+        if isinstance(target, dict) and "boxes" in target and target.get("image_size") is None:  # boxes: the image they are on
+            width, height = (found if isinstance(found, Image.Image) else Image.open(io.BytesIO(found))).size
+            target["image_size"] = [height, width]
     except _BadSample as exc:
         return index, None, None, str(exc.args[0])
     except NotRegularFileError as exc:
@@ -443,7 +446,7 @@ def _png(image: Image.Image) -> bytes:
 
 
 _TARGET_HELP = ("return an int (class index), a str (class name), a list of them (multi-label), a float or a list / tensor of "
-                "floats (regression), or None (no target)")
+                "floats (regression), a dict of 'boxes' and 'labels' (detection), or None (no target)")
 
 
 def _plain_target(target: Any) -> Any:
@@ -461,7 +464,27 @@ def _plain_target(target: Any) -> Any:
         return target.tolist()
     if isinstance(target, (list, tuple)):
         return [_plain_item(item) for item in target]
+    if isinstance(target, Boxes):
+        target = target.to_json()
+    if isinstance(target, Mapping) and "boxes" in target:  # detection: {"boxes": [[x1, y1, x2, y2], ...], "labels": [...], ...}
+        return {str(key): _plain_nested(value) for key, value in target.items()}
     return _plain_item(target)
+
+
+def _plain_nested(value: Any) -> Any:
+    """A value of a structured target as plain JSON values (tensors and arrays as nested lists)."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain_nested(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain_nested(v) for k, v in value.items()}
+    return _plain_item(value)
 
 
 def _plain_item(value: Any) -> int | float | str:
@@ -491,7 +514,7 @@ class FoundTargets(NamedTuple):
 
 #: The kind a target of each shape gives when the first sample decides (see :func:`_shape`).
 _INFERRED = {"none": "none", "int": "class", "name": "class", "float": "regression", "ints": "multilabel", "names": "multilabel",
-             "empty": "multilabel", "floats": "regression"}
+             "empty": "multilabel", "floats": "regression", "boxes": "boxes"}
 _FITS = {"class": ("int", "name"), "multilabel": ("ints", "names", "empty"), "regression": ("int", "float", "ints", "floats")}
 _SHAPE_WORDS = {"none": "no target", "int": "a class index", "name": "a class name", "float": "a number", "ints": "a list of class "
                 "indices", "names": "a list of class names", "empty": "an empty list", "floats": "a list of numbers"}
@@ -500,6 +523,8 @@ _SHAPE_WORDS = {"none": "no target", "int": "a class index", "name": "a class na
 def _shape(raw: Any) -> str:
     """What a plain target looks like: ``none``, ``int``, ``name``, ``float``, ``ints``, ``names``, ``empty``, ``floats`` or ``other``."""
     scalar = {type(None): "none", int: "int", float: "float", str: "name"}  # by exact type: a bool is none of them
+    if isinstance(raw, dict) and "boxes" in raw:
+        return "boxes"
     if not isinstance(raw, list) or not raw:
         return scalar.get(type(raw), "other") if not isinstance(raw, list) else "empty"
     kinds = {type(v) for v in raw}
@@ -608,7 +633,11 @@ class RecordTargets:
         kind = self.kind or "none"
         if kind not in _FITS and kind != "none":  # a kind of yours: held as its entry holds it
             entry = target_kind(kind)
-            return FoundTargets(kind, list(self.classes or []), [], [entry.hold(raw) for raw in raws])
+            held = [entry.hold(raw) for raw in raws]
+            classes = list(self.classes or [])
+            if not classes and held and all(isinstance(t, Boxes) for t in held):  # boxes without classes: the indices used
+                classes = [str(k) for k in range(max((max(t.labels, default=-1) for t in held), default=-1) + 1)]  # type: ignore[union-attr]
+            return FoundTargets(kind, classes, [], held)
         if kind == "none":
             return FoundTargets("none", [], [], [NO_TARGET] * len(raws))
         if kind == "regression":

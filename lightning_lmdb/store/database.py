@@ -292,7 +292,9 @@ def _joined(path: Path, manifest: _Manifest, metas: list[fmt.Metadata], arrays: 
     if _kinds.target_kind(joined.target_kind).typed:  # its typed arrays, the shards' joined
         table = TargetTable.concat([m.target_table() for m in metas])
         joined = replace(joined, labels=table.labels, label_offsets=table.offsets,
-                         values=None if table.values is None else table.values.reshape(-1))
+                         values=None if table.values is None else table.values.reshape(-1), target_arrays=dict(table.extra or {}))
+        for array in joined.target_arrays.values():
+            array.flags.writeable = False
     if joined.split_names:
         joined = replace(joined, splits=np.concatenate([m.splits for m in metas]))  # type: ignore[misc]
     for array in (joined.targets, joined.codecs, joined.read_checks, joined.labels, joined.label_offsets, joined.values, joined.splits):

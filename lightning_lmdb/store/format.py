@@ -50,6 +50,14 @@ with ``lock=False``, so no lock file is needed beside it and a read-only filesys
   - ``meta/path-offsets``: ``int64`` per record plus one: path ``i`` is ``paths[offsets[i]:offsets[i+1]]``;
   - ``meta/mask-paths`` and ``meta/mask-path-offsets`` (version 3, ``mask``): each record's mask path as ``meta/paths``
     (relative to the source's root when inside it, else absolute);
+  - ``meta/boxes`` (version 3, ``boxes``): ``float32``, 4 per box (``x1 y1 x2 y2`` in pixels of the source image), every
+    record's boxes concatenated; ``meta/labels`` holds each box's class and ``meta/label-offsets`` indexes both. Beside
+    them, when the source gives them: ``meta/box-iscrowd`` and ``meta/box-difficult`` (``uint8`` per box),
+    ``meta/box-area`` (``float32`` per box), ``meta/box-category-ids`` (``int64`` per box), ``meta/image-ids`` (``int64``
+    per record, ``-1`` for none); always ``meta/image-sizes`` (``int32`` height and width per record of the image the boxes
+    are in, ``0 0`` unknown: a ``resize=`` build's boxes are scaled by the stored image's size over it when served). The
+    header's ``target_meta`` holds what the source says of its targets as a whole (COCO's ``category_ids`` in class
+    order, ``degenerate_dropped``);
   - ``meta/codecs``: ``uint8`` per record, the id of its record codec (:data:`lightning_lmdb.codec.storage.RECORD_CODECS`:
     ``zstd pixels``, ``JPEG``, ``PNG``, ...). Databases written before it existed lack it (and its digest):
     every record then has the codec its ``storage`` always wrote (``StorageMode.default_codec``).
@@ -157,6 +165,14 @@ ARRAYS: dict[str, tuple[bytes, str, int, int]] = {
     "splits": (b"meta/splits", "u1", 1, 0),  # version 3, with split_names
     "mask_paths": (b"meta/mask-paths", "u1", 0, 0),  # version 3, mask: a blob, its length given by the offsets
     "mask_path_offsets": (b"meta/mask-path-offsets", "<i8", 1, 1),
+    # version 3, boxes (lightning_lmdb.targets.boxes): per box, in the order of meta/labels (meta/label-offsets index both)
+    "boxes": (b"meta/boxes", "<f4", 0, 0),  # x1 y1 x2 y2 per box, pixels of the image in its source
+    "box_iscrowd": (b"meta/box-iscrowd", "u1", 0, 0),  # only when the source has the flag (COCO)
+    "box_difficult": (b"meta/box-difficult", "u1", 0, 0),  # only when the source has the flag (VOC)
+    "box_area": (b"meta/box-area", "<f4", 0, 0),  # only when the source gives it (COCO)
+    "box_category_ids": (b"meta/box-category-ids", "<i8", 0, 0),  # only when the source gives them (COCO)
+    "image_ids": (b"meta/image-ids", "<i8", 1, 0),  # per record, -1 for none; only when the source gives them (COCO)
+    "image_sizes": (b"meta/image-sizes", "<i4", 2, 0),  # per record (height, width) of the image in its source; 0 0: unknown
 }
 
 
@@ -349,6 +365,8 @@ class Metadata:
     splits: np.ndarray | None = None
     ignore_index: int | None = None
     mask_paths: PathTable | None = None
+    target_arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    target_meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.target_kind:
@@ -379,6 +397,7 @@ class Metadata:
             **({"target_names": self.target_names} if self.target_names else {}),
             **({"split_names": self.split_names} if self.split_names else {}),
             **({"ignore_index": self.ignore_index} if self.ignore_index is not None else {}),
+            **({"target_meta": self.target_meta} if self.target_meta else {}),
         }
 
 
@@ -567,6 +586,8 @@ def write_meta(txn: lmdb.Transaction, meta: Metadata) -> None:
              "mask_path_offsets": (None if meta.mask_paths is None else meta.mask_paths.offsets, "<i8")}
     values.update({name: np.ascontiguousarray(array, dtype=dtype).reshape(-1).tobytes()
                    for name, (array, dtype) in typed.items() if array is not None})
+    values.update({name: np.ascontiguousarray(array, dtype=ARRAYS[name][1]).reshape(-1).tobytes()
+                   for name, array in meta.target_arrays.items()})
     header = dump_json({**meta.header(), "arrays": {name: _digest(value).hex() for name, value in values.items()}})
     for name, value in values.items():
         txn.put(ARRAYS[name][0], value)

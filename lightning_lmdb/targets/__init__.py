@@ -47,6 +47,7 @@ from lightning_lmdb.targets.base import (
     unknown_kind,
     unregister_target_kind,
 )
+from lightning_lmdb.targets.boxes import Boxes, BoxesKind, pad_collate
 from lightning_lmdb.targets.class_ import ClassKind
 from lightning_lmdb.targets.mask import MaskKind
 from lightning_lmdb.targets.multilabel import MultilabelKind
@@ -54,15 +55,16 @@ from lightning_lmdb.targets.none import NoneKind
 from lightning_lmdb.targets.regression import RegressionKind
 from lightning_lmdb.targets.typed import read_typed
 
-__all__ = ["LABEL_KINDS", "NO_TARGET", "TARGET_KINDS", "ClassKind", "MaskKind", "MultilabelKind", "NoneKind",  # noqa: F822
-           "RegressionKind", "Target", "TargetKind", "TargetTable", "kind_names", "named", "read_typed", "register_target_kind",
-           "target_kind", "target_kinds", "unknown_kind", "unregister_target_kind", "width_of"]
+__all__ = ["LABEL_KINDS", "NO_TARGET", "TARGET_KINDS", "Boxes", "BoxesKind", "ClassKind", "MaskKind", "MultilabelKind", "NoneKind",  # noqa: F822
+           "RegressionKind", "Target", "TargetKind", "TargetTable", "kind_names", "named", "pad_collate", "read_typed",
+           "register_target_kind", "target_kind", "target_kinds", "unknown_kind", "unregister_target_kind", "width_of"]
 
 register_target_kind(ClassKind())
 register_target_kind(MultilabelKind())
 register_target_kind(RegressionKind())
 register_target_kind(NoneKind())
 register_target_kind(MaskKind())
+register_target_kind(BoxesKind())
 
 
 def __getattr__(name: str) -> Any:

@@ -4,7 +4,7 @@ A target kind is everything that depends on what a sample's target is, in one ob
 (:meth:`TargetKind.hold`), the typed arrays that store it in a database's metadata (:meth:`TargetKind.pack`,
 :meth:`TargetKind.read`), what a sample serves (:meth:`TargetKind.item`), its geometry under the joint crop / resize /
 flip of the image (:meth:`TargetKind.geometry`), its collate (:meth:`TargetKind.collate`) and how ``verify`` compares it
-(:meth:`TargetKind.named`). The library's kinds (``class``, ``multilabel``, ``regression``, ``none``, ``mask``) are
+(:meth:`TargetKind.named`). The library's kinds (``class``, ``multilabel``, ``regression``, ``none``, ``mask``, ``boxes``) are
 entries of the registry like any other; a kind of yours is one :func:`register_target_kind` call.
 
 This module imports nothing of the library but the table and plain helpers, so that :mod:`lightning_lmdb.sources.base` can ask the
@@ -62,6 +62,9 @@ class TargetKind:
     variable_length: ClassVar[bool] = False
     #: Whether a database of this kind needs format version 3 (typed targets); ``class`` and ``none`` do not.
     typed: ClassVar[bool] = True
+    #: Whether the default transforms must keep the whole image (objects whole: boxes): the DataModule then serves a letterbox
+    #: resize with scale jitter and flip (:class:`lightning_lmdb.read.transforms.LetterboxResize`) instead of a random crop.
+    keeps_whole: ClassVar[bool] = False
 
     @property
     def custom_collate(self) -> bool:
@@ -122,7 +125,8 @@ class TargetKind:
     def table(self, meta: Any) -> TargetTable:
         """The targets of a database's metadata (:class:`lightning_lmdb.store.format.Metadata`) as a dataset serves them."""
         width = self.width(meta.classes, meta.target_names)
-        return TargetTable(self.name, meta.targets, width, labels=meta.labels, offsets=meta.label_offsets, values=meta.values)
+        return TargetTable(self.name, meta.targets, width, labels=meta.labels, offsets=meta.label_offsets, values=meta.values,
+                           extra=dict(getattr(meta, "target_arrays", None) or {}) or None)
 
     # --- serving ----------------------------------------------------------------------------------
 
@@ -133,6 +137,12 @@ class TargetKind:
     def tolist(self, table: TargetTable, rows: np.ndarray | None) -> list[Any]:
         """The targets of ``rows`` (all when ``None``) as plain values (what :meth:`named` and the checks compare)."""
         return (table.index if rows is None else table.index[rows]).tolist()
+
+    def at_size(self, target: Any, size: tuple[int, int]) -> Any:
+        """The served target (:meth:`item`) in the pixels of its image as stored, ``size`` ``(height, width)`` in its file (a
+        database built with ``resize=`` stores smaller images): ``target`` itself unless the kind's coordinates need scaling.
+        Called for a :attr:`has_geometry` kind before :meth:`geometry`, with or without a transform."""
+        return target
 
     def geometry(self, target: Any, crop: Any, params: Sequence[int], size: tuple[int, int], **context: Any) -> Any:
         """The target after the image's crop, resize and flip: ``target`` itself unless :attr:`has_geometry`.
@@ -159,6 +169,11 @@ class TargetKind:
     def named(self, classes: Sequence[str], target: Any) -> Any:
         """A target as a value that does not depend on the class indices, to compare a database's targets with a source's
         (whose classes may have changed); ``None``: not compared this way."""
+        return None
+
+    def describe(self, meta: Any) -> dict[str, Any] | None:
+        """What ``lightning-lmdb info`` shows of a database's targets besides its classes (a JSON object, shown under the kind's
+        name); ``None``: nothing more."""
         return None
 
 
@@ -248,6 +263,8 @@ class TargetTable:
         offsets: ``multilabel``, ``mask``: ``int64`` per record plus one; record ``i``'s labels are ``labels[offsets[i]:offsets[i+1]]``
             (a kind of variable length without labels: into ``values``).
         values: ``regression``: ``float32`` ``count x K`` (a kind of yours: as it packs them).
+        extra: More typed arrays of the kind, by their name in :data:`lightning_lmdb.store.format.ARRAYS` (``boxes``: the
+            boxes, their flags, image ids and sizes); ``None`` for the kinds without.
     """
 
     kind: str
@@ -256,6 +273,7 @@ class TargetTable:
     labels: np.ndarray | None = None
     offsets: np.ndarray | None = None
     values: np.ndarray | None = None
+    extra: dict[str, np.ndarray] | None = None
 
     @classmethod
     def pack(cls, kind: str, targets: Sequence[Target], width: int = 0) -> TargetTable:
@@ -292,7 +310,7 @@ class TargetTable:
 
     def freeze(self) -> TargetTable:
         """``self``, with its arrays made read-only."""
-        for array in (self.index, self.labels, self.offsets, self.values):
+        for array in (self.index, self.labels, self.offsets, self.values, *(self.extra or {}).values()):
             if array is not None:
                 array.flags.writeable = False
         return self

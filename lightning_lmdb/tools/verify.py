@@ -74,6 +74,7 @@ def describe_lmdb(path: str | os.PathLike[str]) -> dict[str, Any]:
         "classes": meta.classes,
         **({"target_names": meta.target_names} if meta.target_names else {}),
         **({"splits": split_counts(meta)} if meta.split_names else {}),
+        **({meta.target_kind: summary} if (summary := target_kind(meta.target_kind).describe(meta)) is not None else {}),
         "file_bytes": size,
         "source_root": source.root,
         "source_files": source.num_files,
