@@ -399,7 +399,7 @@ def test_manifest_boxes_with_indices_in_a_csv(tmp_path: Path) -> None:
     (tmp_path / "m.csv").write_text('path,boxes,labels\na.png,"[[10, 5, 30, 25]]","[2]"\n')
     scan = scan_source(tmp_path / "m.csv")
     assert scan.target_kind == "boxes" and scan.classes == ["0", "1", "2"]
-    assert scan.files[0].target == Boxes(((10.0, 5.0, 30.0, 25.0),), (2,))
+    assert scan.files[0].target == Boxes(((10.0, 5.0, 30.0, 25.0),), (2,), image_size=(48, 64))
 
 
 def test_options_a_detection_source_does_not_take_are_refused(formats: dict[str, Path]) -> None:
@@ -449,7 +449,7 @@ def test_target_kind_boxes_names_the_labels_column(tmp_path: Path, boxes_kind: N
     (tmp_path / "m.jsonl").write_text(json.dumps({"path": "a.png", "boxes": [[10, 5, 30, 25]], "cls": ["dog"]}) + "\n")
     options = SourceOptions(target_kind="boxes", label_column="cls")
     scan = scan_source(tmp_path / "m.jsonl", options)
-    assert scan.classes == ["dog"] and scan.files[0].target == Boxes(((10.0, 5.0, 30.0, 25.0),), (0,))
+    assert scan.classes == ["dog"] and scan.files[0].target == Boxes(((10.0, 5.0, 30.0, 25.0),), (0,), image_size=(48, 64))
     assert labels_of(tmp_path / "m.jsonl", options).target_kind == "boxes"
     (tmp_path / "n.jsonl").write_text(json.dumps({"path": "a.png", "label": "dog"}) + "\n")
     with pytest.raises(SourceError, match="no 'boxes' column for target_kind='boxes'"):

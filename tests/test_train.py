@@ -266,12 +266,6 @@ def test_the_segmentation_demo_trains_through_compose(tmp_path: Path, train_modu
 
 def test_the_detection_demo_trains_through_compose_and_logs_map(tmp_path: Path, train_module) -> None:
     """``demo.kind=detection``: the generated COCO-layout demo (read by the COCO source kind), the toy detector, mAP logged."""
-    from importlib.util import find_spec
-
-    from lightning_lmdb.targets import kind_names
-
-    if "boxes" not in kind_names() or find_spec("lightning_lmdb.sources.coco") is None:
-        pytest.skip("needs the boxes target kind and the COCO source kind (#32)")
     overrides = ["data=lmdb", "demo.kind=detection", "demo.detection.count=10", "demo.detection.size=64", "data.image_size=32",
                  f"paths.data_dir={tmp_path}", "trainer.max_epochs=1", "+trainer.limit_train_batches=1", "+trainer.limit_val_batches=1",
                  *[o for o in TINY if not o.startswith(("demo.", "data.image_size"))]]

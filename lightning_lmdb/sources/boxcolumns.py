@@ -155,5 +155,5 @@ def finish(files: list[SourceFile], special: list[tuple[str, str]], options: Sou
             special.append((f.relpath, f"{f.origin}: {problem}"))
             continue
         tally.orientation(f.relpath, orientation)
-        kept.append(replace(f, target=Boxes(tuple(boxes), tuple(labels))))  # type: ignore[arg-type]
+        kept.append(replace(f, target=Boxes(tuple(boxes), tuple(labels), image_size=(height, width))))  # type: ignore[arg-type]
     return kept, tally.meta(format="manifest")

@@ -281,4 +281,5 @@ def _target(anns: list[dict[str, Any]], iid: int, width: int, height: int, class
         crowd.append(int(iscrowd))
         area.append(float(given_area) if _number(given_area) else w * h)
         cids.append(int(cid))
-    return Boxes(tuple(boxes), tuple(labels_), iscrowd=tuple(crowd), area=tuple(area), category_ids=tuple(cids), image_id=iid), None
+    return Boxes(tuple(boxes), tuple(labels_), iscrowd=tuple(crowd), area=tuple(area), category_ids=tuple(cids), image_id=iid,
+                 image_size=(height, width)), None

@@ -222,7 +222,7 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
             special.append((x.image if x.error is None else x.xml, problem if problem.startswith(x.xml) else f"{x.xml}: {problem}"))
             continue
         tally.orientation(x.image, orientation)
-        target = Boxes(tuple(boxes), tuple(labels_), difficult=tuple(difficult))
+        target = Boxes(tuple(boxes), tuple(labels_), difficult=tuple(difficult), image_size=(height, width))
         files.append(SourceFile(str(root / x.image), x.image, target, size, mtime, x.split, x.xml))  # type: ignore[arg-type]
     identity = json.dumps({"voc": str(root), "digest": boxcheck.digest(x.xml.encode() + b"\0" + x.raw for x in xmls), "classes": classes_,
                            "clip": bool(options.clip_boxes)}, sort_keys=True, ensure_ascii=False)

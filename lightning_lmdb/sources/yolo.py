@@ -310,7 +310,7 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
             except OSError as exc:
                 problem = f"{relpath!r} {exc}"
         origin = ""
-        target: Boxes | None = Boxes()
+        target: Boxes | None = Boxes(image_size=(height, width)) if problem is None else None
         if problem is None and label.is_file():
             used.add(label)
             origin = _rel(label, root)
@@ -378,4 +378,4 @@ def _parse(raw: bytes, where: str, width: int, height: int, count: int, index: l
         if box is not None:
             boxes.append(box)
             labels_.append(index[cls])
-    return Boxes(tuple(boxes), tuple(labels_)), None
+    return Boxes(tuple(boxes), tuple(labels_), image_size=(height, width)), None
