@@ -2,7 +2,8 @@
 the same boxes, labels and class order; every bad input names its file and place; the box rules (degenerate dropped, a
 pixel of edge clipped, more refused); splits; EXIF orientation counted.
 
-These test the scans (lightning_lmdb.sources); the ``boxes`` target kind (storage, serving) is tested with it.
+These test the scans (lightning_lmdb.sources), and each format built into a database and served (through
+``LMDBImageDataset`` and the raw dataset); the ``boxes`` target kind itself (storage, geometry) is tests/test_boxes.py.
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+from torchvision import tv_tensors
 
-from lightning_lmdb.errors import OptionError, SourceError
+from lightning_lmdb.build.writer import build_lmdb
+from lightning_lmdb.errors import BuildError, OptionError, SourceError
+from lightning_lmdb.read.dataset import LMDBImageDataset
+from lightning_lmdb.read.raw import RawImageDataset
 from lightning_lmdb.sources.base import SourceOptions, kind_name, kind_of, labels_of, scan_source
 from lightning_lmdb.sources.yolo import parse_yaml
 from lightning_lmdb.targets.boxes import Boxes
@@ -144,6 +150,47 @@ def test_four_formats_give_the_same_boxes_labels_and_classes(formats: dict[str, 
         assert scan.target_meta["degenerate_dropped"] == 0 and scan.target_meta["exif_rotated"] == 0
         assert labels_of(source).classes == CLASSES and labels_of(source).target_kind == "boxes"
         assert scan.identity
+
+
+def test_four_formats_serve_the_same_boxes_through_the_database_and_the_files(formats: dict[str, Path], tmp_path: Path) -> None:
+    expected = _expected()
+    for kind, source in formats.items():
+        database = build_lmdb(source, tmp_path / f"{kind}.lmdb", workers=0, progress=False)
+        scan = scan_source(source)
+        for dataset in (LMDBImageDataset(database), RawImageDataset.from_scan(scan)):
+            assert dataset.classes == CLASSES, (kind, type(dataset).__name__)
+            for i, path in enumerate(dataset.paths):
+                image, target = dataset[i]
+                boxes, labels = expected[Path(path).stem]
+                where = f"{kind} {type(dataset).__name__} {path}"
+                assert isinstance(target["boxes"], tv_tensors.BoundingBoxes) and target["boxes"].format == tv_tensors.BoundingBoxFormat.XYXY
+                assert tuple(target["boxes"].canvas_size) == (image.height, image.width), where
+                np.testing.assert_allclose(target["boxes"].numpy(), boxes, rtol=0, atol=1e-4, err_msg=where)
+                assert target["labels"].dtype == torch.int64 and target["labels"].tolist() == labels, where
+
+
+@pytest.mark.parametrize("fmt", ["coco", "yolo", "voc", "manifest"])
+def test_a_bad_annotation_stops_the_build_naming_its_file_and_place_and_leaves_no_database(
+        fmt: str, formats: dict[str, Path], tmp_path: Path) -> None:
+    source = formats[fmt]
+    if fmt == "coco":
+        data = json.loads(source.read_text())
+        data["annotations"][0]["category_id"] = 99
+        source.write_text(json.dumps(data))
+        said = r"instances_train\.json.*annotation id 101.*category_id 99"
+    elif fmt == "yolo":
+        (source / "labels" / "train" / "a.txt").write_text("0 0.5 0.5 0.2\n")
+        said = r"labels/train/a\.txt line 1 has 4 fields"
+    elif fmt == "voc":
+        (source / "Annotations" / "b.xml").write_text("<annotation><filename>b.png</filename></annotation>")
+        said = r"b\.xml.*size"
+    else:
+        source.write_text(source.read_text().replace("[10, 5, 30, 25]", "[10, 5, 300, 25]"))
+        said = r"boxes\.jsonl line 1.*"
+    target = tmp_path / f"{fmt}.lmdb"
+    with pytest.raises(BuildError, match=said):
+        build_lmdb(source, target, workers=0, progress=False)
+    assert not target.exists(), "a refused build leaves no database (only its resumable .partial, as every refused build)"
 
 
 def test_a_box_moved_by_a_pixel_differs(tmp_path: Path) -> None:
@@ -426,25 +473,7 @@ def test_coco_images_root_option_and_layouts(tmp_path: Path) -> None:
     assert scan.root == (tmp_path / "c" / "train").resolve() and len(scan.files) == 3
 
 
-@pytest.fixture
-def boxes_kind():
-    """``"boxes"`` registered as a target kind (a minimal stand-in until the real kind is: SourceOptions checks the name)."""
-    from lightning_lmdb.targets import TargetKind, kind_names, register_target_kind, unregister_target_kind
-
-    if "boxes" in kind_names():
-        yield
-        return
-
-    class StandIn(TargetKind):
-        name = "boxes"
-        DESCRIPTION = "a stand-in for the boxes kind (tests of the detection sources)"
-
-    register_target_kind(StandIn())
-    yield
-    unregister_target_kind("boxes")
-
-
-def test_target_kind_boxes_names_the_labels_column(tmp_path: Path, boxes_kind: None) -> None:
+def test_target_kind_boxes_names_the_labels_column(tmp_path: Path) -> None:
     _image(tmp_path / "a.png", (64, 48))
     (tmp_path / "m.jsonl").write_text(json.dumps({"path": "a.png", "boxes": [[10, 5, 30, 25]], "cls": ["dog"]}) + "\n")
     options = SourceOptions(target_kind="boxes", label_column="cls")
@@ -466,7 +495,7 @@ def test_cli_clip_boxes_flag() -> None:
     assert manifest_options(parser.parse_args(["build", "src", "out"])).clip_boxes is None
 
 
-def test_datamodule_maps_a_val_json_through_the_train_classes(tmp_path: Path, boxes_kind: None) -> None:
+def test_datamodule_maps_a_val_json_through_the_train_classes(tmp_path: Path) -> None:
     from lightning_lmdb import LMDBDataModule
 
     train = write_coco(tmp_path / "c", name="instances_train.json")
