@@ -25,6 +25,7 @@ from lightning_lmdb.read.raw import RawImageDataset
 from lightning_lmdb.sources.base import SourceOptions, kind_name, kind_of, labels_of, scan_source
 from lightning_lmdb.sources.yolo import parse_yaml
 from lightning_lmdb.targets.boxes import Boxes
+from lightning_lmdb.tools import cli
 
 CLASSES = ["cat", "dog", "person"]
 CATEGORY_IDS = [1, 3, 7]  # not contiguous; in id order they are the sorted names
@@ -304,6 +305,15 @@ def test_degenerate_boxes_are_dropped_and_counted(tmp_path: Path) -> None:
         scan = scan_source(source)
         assert scan.target_meta["degenerate_dropped"] == 2, source
         assert scan.files[0].target.boxes == ((10.0, 5.0, 30.0, 25.0),) and scan.files[0].target.labels == (1,)
+
+
+def test_the_build_report_and_info_count_the_degenerate_boxes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenes = {"a": ((64, 48), "train", [((10, 5, 10, 25), "cat"), ((10, 5, 30, 25), "dog"), ((30, 9, 20, 12), "cat")])}
+    source = write_coco(tmp_path / "coco", scenes)
+    assert cli.main(["build", str(source), str(tmp_path / "db.lmdb"), "--quiet"]) == 0
+    assert "db.lmdb: 2 degenerate boxes dropped" in capsys.readouterr().out
+    assert cli.main(["info", str(tmp_path / "db.lmdb")]) == 0
+    assert "'degenerate_dropped': 2" in capsys.readouterr().out
 
 
 def test_a_box_a_pixel_past_the_edge_is_clipped_more_is_refused_or_clipped_on_request(tmp_path: Path) -> None:

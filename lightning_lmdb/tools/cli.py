@@ -66,7 +66,24 @@ def _build(args: argparse.Namespace) -> int:
         f"{report.path}: {what}{report.action}, {report.count} records ({report.records_written} written now), "
         f"{len(report.skipped)} skipped, {report.seconds:.1f} s"
     )
+    noted = _source_notes(report.path)
+    if noted:
+        print(f"{report.path}: {noted}")
     return 0
+
+
+#: What a source's ``target_meta`` counts that a build reports (detection: the box rules applied at the scan).
+_NOTED = {"degenerate_dropped": "degenerate boxes dropped", "clipped": "boxes clipped to their image",
+          "exif_rotated": "images with an EXIF rotation (boxes are on the stored pixels)"}
+
+
+def _source_notes(path: os.PathLike[str]) -> str:
+    """The non-zero counts of the database's ``target_meta`` that :data:`_NOTED` names, as one line ("" when none)."""
+    from lightning_lmdb.store import database
+
+    meta = database.load_meta(path)
+    counted = getattr(meta, "target_meta", None) or {}
+    return ", ".join(f"{counted[key]} {what}" for key, what in _NOTED.items() if isinstance(counted.get(key), int) and counted[key] > 0)
 
 
 def build_options(args: argparse.Namespace) -> BuildOptions:
