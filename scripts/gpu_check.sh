@@ -2,7 +2,7 @@
 # GPU check for a lent GPU machine (under 5 minutes). Prepare the wheels here first (bash scripts/gpu_wheels.sh), then run
 # this script through the device tool with carry [".whl"]. It prints, and leaves under ${OUT:-/tmp}:
 #   1. the GPU-marked tests (batched GPU decode vs CPU on a database mixing JPEG bytes and zstd pixels, PerfMonitor's
-#      GPU metrics, a GPU fit);
+#      GPU metrics, a GPU fit, detection boxes moved exactly by the batched nvJPEG decode);
 #   2. scripts/gpu_decode_check.py: nvJPEG's stream-ordering stress check (TorchCodec PR 1634), GPU vs CPU pixels,
 #      and batched GPU decode throughput against the CPU decoders;
 #   3. the raw-vs-LMDB A/B on the GPU with the batched GPU decode (data.decode_device=cuda): data-wait and GPU utilisation;
@@ -21,7 +21,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, torchvision, torchcodec, lightning, cv2; print('torch', torch.__version__, 'torchvision', torchvision.__version__,
 'torchcodec', torchcodec.__version__, 'lightning', lightning.__version__, 'cv2', cv2.__version__)"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_batchdecode.py tests/test_callbacks.py tests/test_train.py tests/test_masks_serve.py 2>&1 | tee "$out/gpu_tests.txt"
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_batchdecode.py tests/test_callbacks.py tests/test_train.py tests/test_masks_serve.py tests/test_boxes.py 2>&1 | tee "$out/gpu_tests.txt"
 python3 scripts/gpu_decode_check.py 2>&1 | tee "$out/gpu_decode.txt"
 python3 train.py -m data=raw,lmdb ab.repeats=2 trainer=gpu loader=fast trainer.max_epochs=3 trainer.enable_progress_bar=false \
   data.decode_device=cuda demo.images_per_class=1000 data.image_size=128 paths.data_dir="$out/data" hydra.sweep.dir="$out/sweep"

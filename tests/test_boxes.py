@@ -196,10 +196,12 @@ def test_the_datamodules_loaders_serve_exact_boxes_with_and_without_workers(tmp_
     assert seen == 2 * len(boxkit.BOXES) and worst <= TOLERANCE
 
 
-def test_the_batched_decode_moves_the_boxes_as_it_crops_the_images(tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_the_batched_decode_moves_the_boxes_as_it_crops_the_images(tmp_path: Path, device: str) -> None:
     """``decode_device``: the workers ship JPEG bytes and each sample's letterbox parameters; the boxes are moved in the workers
-    by the same parameters the batched decode then applies (here on the CPU)."""
-    worst, seen = _loader_error(tmp_path, 0, None, "jpeg-reduced", decode_device="cpu")
+    by the same parameters the batched decode then applies (on the CPU, and with nvJPEG where a GPU is lent)."""
+    worst, seen = _loader_error(tmp_path, 0, None, "jpeg-reduced", decode_device=device)
     assert seen == 2 * len(boxkit.BOXES) and worst <= TOLERANCE
 
 
