@@ -66,7 +66,7 @@ def _build(args: argparse.Namespace) -> int:
         f"{report.path}: {what}{report.action}, {report.count} records ({report.records_written} written now), "
         f"{len(report.skipped)} skipped, {report.seconds:.1f} s"
     )
-    noted = _source_notes(report.path)
+    noted = _source_notes(report.path) if options.shard is None else ""  # a shard job's part is not a database yet
     if noted:
         print(f"{report.path}: {noted}")
     return 0
