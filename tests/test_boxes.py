@@ -261,6 +261,27 @@ def test_a_batch_is_a_list_of_dicts_and_pad_collate_pads_it(tmp_path: Path) -> N
     assert pad_collate(targets, max_boxes=5)["boxes"].shape == (4, 5, 4) and pad_collate([])["boxes"].shape == (0, 1, 4)
 
 
+def test_a_workers_batch_of_targets_arrives_by_value_as_the_same_dicts(tmp_path: Path) -> None:
+    # a DataLoader worker pickles its batch with torch's reducers: the targets' tensors go by value, not one shared segment each
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reducers)
+
+    ds = LMDBImageDataset(_build(tmp_path), transform=LetterboxResize(SIZE, train=False))
+    sent = target_kind("boxes").collate([ds[i][1] for i in range(4)])
+    sent[0]["image_id"] = 7
+    data = ForkingPickler.dumps(sent)
+    assert b"rebuild_storage" not in bytes(data)  # no tensor went by shared memory
+    got = pickle.loads(data)
+    assert type(got) is list and len(got) == 4 and got[0]["image_id"] == 7
+    for a, b in zip(got, sent, strict=True):
+        assert a.keys() == b.keys()
+        assert type(a["boxes"]) is type(b["boxes"]) and tuple(a["boxes"].canvas_size) == tuple(b["boxes"].canvas_size)
+        assert a["boxes"].format == b["boxes"].format and torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["labels"], b["labels"])
+        assert a["labels"].dtype == torch.int64 and torch.equal(a["iscrowd"], b["iscrowd"])
+
+
 def test_a_bad_box_is_refused_naming_the_sample(tmp_path: Path) -> None:
     class Bad(boxkit.Scenes):
         def __getitem__(self, i: int) -> Any:
