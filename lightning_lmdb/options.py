@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from lightning_lmdb.codec import storage as codec
-from lightning_lmdb.codec.storage import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY
+from lightning_lmdb.codec.storage import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, VALIDATE_LEVELS, Validate
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.sources.base import SourceOptions
 
@@ -28,7 +28,7 @@ OnStale = Literal["rebuild", "error", "ignore"]
 
 def choices() -> dict[str, tuple[str, ...]]:
     """The valid values of each choice-valued option: ``storage`` the registered storage modes, the others their ``Literal``'s."""
-    return {"storage": codec.STORAGES, "on_error": get_args(OnError), "on_stale": get_args(OnStale)}
+    return {"storage": codec.STORAGES, "on_error": get_args(OnError), "on_stale": get_args(OnStale), "validate": VALIDATE_LEVELS}
 
 
 def __getattr__(name: str) -> Any:
@@ -42,8 +42,8 @@ CONTENT_OPTIONS = ("storage", "max_pixels", "resize", "quality", "manifest")
 #: The options that give ``LMDBDataModule`` a database of its own (:meth:`BuildOptions.cache_key`; ``quality`` only with
 #: ``resize``): changing one builds another file beside the first, so switching back finds the first still built. The
 #: other content option, ``max_pixels``, rebuilds the same database in place (its stale check compares it); the rest
-#: (``workers``, ``on_error``, ``on_stale``, ``overwrite``, ``commit_every``, ``progress``, ``shard``) change how a build
-#: runs, not which database it is.
+#: (``workers``, ``on_error``, ``on_stale``, ``overwrite``, ``commit_every``, ``progress``, ``shard``, ``validate``) change how a
+#: build runs, not which database it is.
 CACHE_KEY_OPTIONS = ("storage", "resize", "quality", "shards", "manifest")
 
 
@@ -75,6 +75,14 @@ class BuildOptions:
             at a time, reading and decoding in that process.
         shard: With ``shards``: build this shard alone (``0 <= shard < shards``), e.g. one task of a job array;
             whichever build completes the last shard writes the manifest.
+        validate: How a file whose record keeps its bytes is checked at build time (:mod:`lightning_lmdb.codec.storage`):
+            ``"reduced"`` (default) decodes such a JPEG at 1/8 scale (the whole compressed stream still read; other kept
+            files, e.g. lossy WebP, fully); ``"full"`` decodes every file fully (the behaviour before this option);
+            ``"header"`` decodes none of them, only their headers (a damaged one is then found when read: the dataset
+            raises naming the record). Every level refuses a decompression bomb from its header before decoding, and a
+            file stored as pixels is always decoded fully. It never changes a good file's record, so it is neither a
+            content option (a database built before it, with full decodes, is up to date at every level) nor part of the
+            database's name (:meth:`cache_key`). Images with masks and a ``Dataset``'s samples are always decoded fully.
         manifest: How to read a manifest source (:class:`~lightning_lmdb.sources.base.SourceOptions`, or a mapping of its
             fields); its fields may also be given by name to :meth:`replace` and ``build_lmdb`` (``label_column="tags"``).
 
@@ -95,6 +103,7 @@ class BuildOptions:
     shards: int | None = None
     shard: int | None = None
     manifest: SourceOptions = SourceOptions()
+    validate: Validate = "reduced"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "manifest", SourceOptions.of(self.manifest))

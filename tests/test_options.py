@@ -58,7 +58,7 @@ def test_only_the_cache_key_options_give_a_database_of_its_own() -> None:
     base = BuildOptions(resize=64, shards=4)
     other_values = {"storage": "decoded", "workers": 0, "on_error": "skip", "on_stale": "error", "overwrite": True, "max_pixels": 100,
                     "resize": 32, "quality": 80, "commit_every": 5, "progress": False, "shards": 2, "shard": 1,
-                    "manifest": {"label_column": "tags"}}
+                    "manifest": {"label_column": "tags"}, "validate": "header"}
     assert set(other_values) == {field.name for field in dataclasses.fields(BuildOptions)}, "a new option: say whether it is in the key"
     for name, value in other_values.items():
         changed = base.replace(**{name: value})
@@ -78,7 +78,7 @@ def test_cli_and_datamodule_defaults_are_build_options(tmp_path: Path) -> None:
     fields = {field.name for field in dataclasses.fields(BuildOptions)}
     shared = {name: RENAMED.get(name, name) for name in parameters if RENAMED.get(name, name) in fields}
     assert set(shared) == {"storage", "shards", "resize", "quality", "build_workers", "on_error", "on_stale", "max_pixels",
-                           "source_options", "manifest"}  # manifest: source_options' deprecated name
+                           "source_options", "manifest", "validate"}  # manifest: source_options' deprecated name
     for name, field in shared.items():
         default = parameters[name].default
         # the DataModule's source_options default is None (plain hyper-parameters), which means BuildOptions' SourceOptions()

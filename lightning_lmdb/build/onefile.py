@@ -140,6 +140,7 @@ class _Writer:
         self.options = options.content()  # what shapes the contents: compared on resume, stored in the metadata
         self.workers = readers.available_cores() if options.workers is None else options.workers
         self.commit_every, self.progress = options.commit_every, options.progress
+        self.validate = options.validate  # how kept files are checked: not a content option (the records are the same)
         self.partial = fsops.partial_path(target)
         self.prefix = PrefixFingerprint(scan.files, scan.identity, scan.root)
         self.written = self.written_bytes = self.commits = 0
@@ -241,7 +242,8 @@ class _Writer:
         files = self.scan.files
         opts = self.options
         dataset, _ = readers.sample_source(self.scan)
-        tasks = readers.tasks_of(self.scan, opts["storage"], opts["max_pixels"], opts.get("resize"), opts.get("quality", 0), consumed)
+        tasks = readers.tasks_of(self.scan, opts["storage"], opts["max_pixels"], opts.get("resize"), opts.get("quality", 0), consumed,
+                                 validate=self.validate)
         with env.begin() as txn:
             next_record = txn.stat(dbs[0])["entries"]
         fitting = None  # with targets from the records: checks each target against the kind of those before it

@@ -48,7 +48,7 @@ def available_cores() -> int:
     return len(usable_cpus())
 
 
-#: One file to read: (index, path, storage or "check", max_pixels, resize, quality); for a dataset source, the sample's
+#: One file to read: (index, path, storage or "check", max_pixels, resize, quality[, validate]); for a dataset source, the sample's
 #: index as text in place of the path; for an image with a mask, then (mask path, ignore_index, num_classes or None).
 _Task = tuple[Any, ...]
 #: The dataset a reader process reads samples of (set by :func:`_start_reader`; ``None`` when it reads files).
@@ -62,13 +62,17 @@ def sample_source(scan: SourceScan) -> tuple[Any | None, Callable[[SourceFile], 
 
 
 def tasks_of(scan: SourceScan, storage: str, max_pixels: int | None, resize: int | None = None, quality: int = 0,
-             start: int = 0) -> list[_Task]:
+             start: int = 0, validate: str = "full") -> list[_Task]:
     """The readers' tasks for ``scan.files[start:]``: each file (or a dataset's sample) with what to make of it (``storage``, or
-    ``"check"``: decode only), and its mask with how to read it for a :class:`~lightning_lmdb.sources.masks.MaskScan`."""
-    _, key = sample_source(scan)
+    ``"check"``: decode only), and its mask with how to read it for a :class:`~lightning_lmdb.sources.masks.MaskScan`.
+
+    ``validate`` (:func:`lightning_lmdb.codec.storage.encode_record`) reaches a file's task as its 7th item; a dataset's samples
+    and images with masks are validated fully."""
+    dataset, key = sample_source(scan)
     head = (storage, max_pixels, resize, quality)
     if not isinstance(scan, masks.MaskScan):
-        return [(i, key(scan.files[i]), *head) for i in range(start, len(scan.files))]
+        tail = (validate,) if dataset is None else ()
+        return [(i, key(scan.files[i]), *head, *tail) for i in range(start, len(scan.files))]
     limit = len(scan.classes) if scan.classes else scan.num_classes
     return [(i, f.path, *head, f.mask, scan.ignore_index, limit) for i, f in enumerate(scan.files[start:], start)]
 
@@ -100,13 +104,14 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
         return index, None, exc.reason
     except OSError as exc:
         return index, None, _unreadable(exc, path, "the file")
-    if len(task) > 6:
+    if len(task) > 7:
         return _read_pair(task, data)
     try:
         if storage == "check":  # validation only (find_bad_files)
             encode_record(data, "encoded", max_pixels=max_pixels, name=path)
             return index, b"", b""
-        codec, value = encode_record(data, storage, max_pixels=max_pixels, name=path, resize=resize, quality=quality)
+        codec, value = encode_record(data, storage, max_pixels=max_pixels, name=path, resize=resize, quality=quality,
+                                     validate=task[6] if len(task) > 6 else "full")
     except ImageDecodeError as exc:
         return index, None, exc.reason
     return index, value, fmt.progress_entry(value, codec)

@@ -320,23 +320,8 @@ def decode_pil(
     Raises:
         ImageDecodeError: Not an image, truncated or corrupt, or over ``max_pixels``.
     """
-    if not len(data):
-        raise ImageDecodeError(name, "the file is empty. Remove it or replace it with the image.")
-    _silence_bomb_warning()
-    pillows = Image.MAX_IMAGE_PIXELS
-    try:  # Pillow's own limit (2 x MAX_IMAGE_PIXELS, checked as it opens) must not refuse what max_pixels allows
-        stricter = pillows is not None and (max_pixels is None or max_pixels > 2 * pillows)
-        img = _open_unchecked(data) if stricter else Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:  # a format that checks again itself (WebP as it opens, TIFF as it loads)
-        raise ImageDecodeError(name, f"{exc} Pillow's own limit for this format (2 x PIL.Image.MAX_IMAGE_PIXELS) applies even with "
-                                     "max_pixels=None: convert the image to PNG, or raise PIL.Image.MAX_IMAGE_PIXELS in your "
-                                     "script.") from exc
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise ImageDecodeError(name, "not an image in a format Pillow can read. Remove or replace the file.") from exc
-    with img:
+    with open_checked(data, max_pixels=max_pixels, name=name) as img:
         width, height = img.size
-        if max_pixels is not None and width * height > max_pixels:
-            raise _too_many_pixels(name, width, height, max_pixels)
         reduced = None
         if decode_size and img.format == "JPEG":  # the largest 1/k scale that keeps both sides >= 2 * decode_size
             drafted = img.draft(None, (_MARGIN * decode_size, _MARGIN * decode_size))
@@ -350,6 +335,36 @@ def decode_pil(
                                          "your script.") from exc
         except (OSError, SyntaxError, ValueError, EOFError) as exc:
             raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
+
+
+def open_checked(data: bytes | memoryview, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, name: str = "<bytes>") -> Image.Image:
+    """Open encoded image bytes with PIL and check their pixel count, decoding no pixel: the header parse alone.
+
+    What every decode starts with (:func:`decode_pil`), and all a build's ``validate="header"`` does
+    (:func:`lightning_lmdb.codec.storage.encode_record`): the format is recognised, the size and mode read from the
+    header, and a decompression bomb refused from it. The caller closes the image (``with``).
+
+    Raises:
+        ImageDecodeError: Empty, not an image in a format Pillow reads, or over ``max_pixels`` (or Pillow's own limit).
+    """
+    if not len(data):
+        raise ImageDecodeError(name, "the file is empty. Remove it or replace it with the image.")
+    _silence_bomb_warning()
+    pillows = Image.MAX_IMAGE_PIXELS
+    try:  # Pillow's own limit (2 x MAX_IMAGE_PIXELS, checked as it opens) must not refuse what max_pixels allows
+        stricter = pillows is not None and (max_pixels is None or max_pixels > 2 * pillows)
+        img = _open_unchecked(data) if stricter else Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:  # a format that checks again itself (WebP as it opens, TIFF as it loads)
+        raise ImageDecodeError(name, f"{exc} Pillow's own limit for this format (2 x PIL.Image.MAX_IMAGE_PIXELS) applies even with "
+                                     "max_pixels=None: convert the image to PNG, or raise PIL.Image.MAX_IMAGE_PIXELS in your "
+                                     "script.") from exc
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageDecodeError(name, "not an image in a format Pillow can read. Remove or replace the file.") from exc
+    width, height = img.size
+    if max_pixels is not None and width * height > max_pixels:
+        img.close()
+        raise _too_many_pixels(name, width, height, max_pixels)
+    return img
 
 
 def _open_unchecked(data: bytes | memoryview) -> Image.Image:

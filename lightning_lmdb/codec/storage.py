@@ -26,8 +26,8 @@ per-row filters (zlib level 6, ``Z_FILTERED``), which decoded 1.4x faster than O
 :data:`UNFILTERED_PNG_MAX_GROWTH` times the size of the filtered one (photo-like content, where the
 filters are what compresses), when the filtered PNG is kept. All are lossless: the pixels are the same.
 
-* :func:`encode_record` (the builder): validate a source file by decoding it fully with PIL (exactly
-  ``ImageFolder``'s RGB conversion) and return the record codec and value stored for it.
+* :func:`encode_record` (the builder): validate a source file (``validate=``, below) and return the record codec and
+  value stored for it.
 * :func:`decode_record` (the datasets, ``verify``, ``bench``): a stored value back to an RGB image (PIL
   image for ``decoder="pil"``, else a ``uint8 3 x H x W`` tensor sharing the decompressed memory).
 
@@ -37,6 +37,22 @@ the pixels (:mod:`lightning_lmdb.codec.zstd`: content size and content checksum 
 :data:`ZSTD_LEVEL`, with ``C = 1`` when the image is grey (a grey or grey + alpha PNG, 1-bit included, as its
 header says; a BMP, GIF, TIFF, ... whose three channels come out equal), replicated to RGB when read. The file codecs (``JPEG``, ``PNG``,
 ``WebP``, ``image file``) are image files' bytes, decoded by :mod:`lightning_lmdb.codec.decoders`.
+
+**Validation** (``validate=``, :data:`VALIDATE_LEVELS`): what a build checks of each file before storing it. Every level
+parses the header (format, size, mode) and refuses a decompression bomb from it (``max_pixels``) before any pixel is
+decoded; a record made of pixels (``decoded``, ``zstd pixels``, a resized image) needs the file's pixels, so its file is
+always decoded fully (exactly ``ImageFolder``'s RGB conversion). The levels differ on records that keep the file's bytes:
+
+* ``"full"``: a full PIL decode of every file (the behaviour before the option existed).
+* ``"reduced"`` (the default): a JPEG kept as its bytes is decoded at 1/8 scale (``Image.draft``: DCT scaling, which still
+  walks the whole entropy-coded stream, so a truncated or damaged stream is found as by a full decode, at about half its
+  cost, several times less on a multi-megapixel photo). Other kept files have no reduced decode and are decoded fully:
+  lossy WebP (``auto``, ``encoded``), 16-bit PNG (``auto``), every file under ``encoded``.
+* ``"header"``: no pixel is decoded for a kept file; a damaged one is stored and found when read: the dataset raises
+  :class:`ImageDecodeError` naming the record (``on_error`` does not apply at read time).
+
+The level never changes what is stored for a good file (a storage mode reads the pixels only when its record needs them:
+:class:`StorageMode`), so it is no content option and no part of a database's name.
 
 **Adding a storage mode** is one :class:`StorageMode` and one :func:`register_storage_mode` call; a new record
 layout is one :class:`RecordCodec` and one :func:`register_record_codec` call (its id: the next free one,
@@ -51,13 +67,13 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 import numpy as np
 from PIL import Image
 
 from lightning_lmdb.codec import zstd
-from lightning_lmdb.codec.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor, returns_pil
+from lightning_lmdb.codec.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor, open_checked, returns_pil
 from lightning_lmdb.codec.imageinfo import ImageInfo, read_info
 from lightning_lmdb.errors import OptionError, RecordError
 
@@ -67,7 +83,7 @@ if TYPE_CHECKING:  # torch is imported where a tensor is made (decoders.hwc_to_t
 __all__ = ["STORAGES", "STORAGE_MODES", "RECORD_CODECS", "DEFAULT_MAX_PIXELS", "ImageDecodeError", "RecordCodec", "RecordError",  # noqa: F822  (STORAGES: the module __getattr__)
            "StorageMode", "register_record_codec", "register_storage_mode", "unregister_record_codec", "unregister_storage_mode",
            "decode_record", "encode_record", "encode_pixels", "decode_pixels", "encode_zstd_pixels", "decode_zstd_pixels",
-           "resize_pixels", "storage_mode"]
+           "resize_pixels", "storage_mode", "Validate", "VALIDATE_LEVELS", "validate_file"]
 
 #: JPEG quality of re-encoded lossy sources in a ``resize=`` build.
 DEFAULT_QUALITY = 90
@@ -76,6 +92,10 @@ UNFILTERED_PNG_MAX_GROWTH = 1.25
 #: The zstd level of ``zstd pixels`` records (chosen by measurement: see docs/decoding.md), recorded in the metadata.
 ZSTD_LEVEL = 1
 _PIXEL_HEADER = struct.Struct("<III")
+#: How a build validates a file whose record keeps its bytes (documentation and type hints; see the module docstring).
+Validate = Literal["full", "reduced", "header"]
+#: The valid ``validate=`` values.
+VALIDATE_LEVELS: tuple[str, ...] = get_args(Validate)
 
 def encode_pixels(pixels: np.ndarray) -> bytes:
     """Serialise an ``H x W x C`` ``uint8`` array as a ``decoded`` record value."""
@@ -307,7 +327,10 @@ class StorageMode:
 
     Attributes:
         name: The ``storage=`` value.
-        encode: ``(file bytes, the file decoded to RGB by PIL, resize, quality) -> (record codec id, value)``.
+        encode: ``(file bytes, the file decoded to RGB by PIL, resize, quality) -> (record codec id, value)``. Below
+            ``validate="full"`` the image is decoded only when the mode reads more of it than its ``size`` (its pixels,
+            ``np.asarray(image)``, or any other attribute; it is then no ``Image.Image`` instance but behaves as one): a
+            mode whose record keeps the file's bytes should read ``size`` alone, and its files get the level's check.
         default_codec: The codec of every record of a database written before ``meta/codecs`` existed; ``None``
             for a mode that came with it (its databases always say each record's codec).
     """
@@ -383,8 +406,9 @@ def encode_record(
     name: str = "<bytes>",
     resize: int | None = None,
     quality: int = DEFAULT_QUALITY,
+    validate: Validate = "full",
 ) -> tuple[int, bytes]:
-    """Validate a source file's bytes (a full decode) and return the record stored for it.
+    """Validate a source file's bytes (``validate``: see the module docstring) and return the record stored for it.
 
     Args:
         data: The file's bytes.
@@ -393,15 +417,92 @@ def encode_record(
         name: How to name the file in errors.
         resize: Shrink images whose shorter side is larger than this (``None``: keep the size).
         quality: JPEG quality of re-encoded lossy sources (with ``resize``).
+        validate: ``"full"`` (this function's default: a full decode), ``"reduced"`` (a build's default) or ``"header"``: how
+            a file whose record keeps its bytes is checked; a record made of pixels always has its file decoded fully.
 
     Returns:
-        ``(codec, value)``: the record codec's id (:data:`RECORD_CODECS`) and the value.
+        ``(codec, value)``: the record codec's id (:data:`RECORD_CODECS`) and the value (the same for every level).
 
     Raises:
-        ImageDecodeError: Not a decodable image, or over ``max_pixels``.
+        ImageDecodeError: Not a decodable image (as far as ``validate`` looks), or over ``max_pixels``.
+        OptionError: ``validate`` is not one of :data:`VALIDATE_LEVELS`.
     """
     mode = storage_mode(storage)
-    return mode.encode(data, decode_pil(data, max_pixels=max_pixels, name=name), resize, quality)
+    if validate == "full":
+        return mode.encode(data, decode_pil(data, max_pixels=max_pixels, name=name), resize, quality)
+    check_validate(validate)
+    with open_checked(data, max_pixels=max_pixels, name=name) as opened:  # the header, the bomb check: no pixel decoded
+        size = opened.size
+    image = _PixelsOnDemand(data, size, max_pixels, name)
+    codec, value = mode.encode(data, cast(Image.Image, image), resize, quality)
+    if image.decoded is None and validate == "reduced":  # the record kept the file's bytes: the reduced check
+        validate_file(data, "reduced", max_pixels=max_pixels, name=name)
+    return codec, value
+
+
+def check_validate(validate: Any) -> None:
+    """Refuse a ``validate`` that is not one of :data:`VALIDATE_LEVELS`, naming it and the valid ones.
+
+    Raises:
+        OptionError: Not a level.
+    """
+    if validate not in VALIDATE_LEVELS:
+        raise OptionError(f"validate={validate!r} is not one of {', '.join(map(repr, VALIDATE_LEVELS))}.")
+
+
+def validate_file(data: bytes | memoryview, validate: Validate, *, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                  name: str = "<bytes>") -> None:
+    """Check a file's bytes as ``validate`` checks a file whose record keeps its bytes (the module docstring).
+
+    ``"header"``: the header parse and the pixel-count check; ``"reduced"``: those, then a JPEG decoded at 1/8 scale
+    (``Image.draft``, the whole entropy-coded stream walked), any other format decoded fully; ``"full"``: a full decode.
+
+    Raises:
+        ImageDecodeError: Not an image, over ``max_pixels``, or (``reduced``, ``full``) truncated or corrupt.
+        OptionError: ``validate`` is not one of :data:`VALIDATE_LEVELS`.
+    """
+    check_validate(validate)
+    with open_checked(data, max_pixels=max_pixels, name=name) as image:
+        if validate == "header":
+            return
+        if validate == "reduced" and image.format == "JPEG":
+            width, height = image.size
+            image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+            try:
+                image.load()
+            except (OSError, SyntaxError, ValueError, EOFError) as exc:
+                raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
+            return
+    decode_pil(data, max_pixels=max_pixels, name=name).close()
+
+
+class _PixelsOnDemand:
+    """A file's RGB image (:func:`decode_pil`: a full decode), decoded the first time a storage mode reads more than its size.
+
+    What :func:`encode_record` hands a storage mode below ``validate="full"``: a mode that keeps the file's bytes reads only
+    ``size`` and no pixel is decoded; one that reads the pixels (``np.asarray(image)``, any other attribute) gets exactly
+    the image ``"full"`` gives it. ``decoded`` says which happened.
+    """
+
+    def __init__(self, data: bytes, size: tuple[int, int], max_pixels: int | None, name: str) -> None:
+        self.size = size
+        self.decoded: Image.Image | None = None
+        self._data, self._max_pixels, self._name = data, max_pixels, name
+
+    def image(self) -> Image.Image:
+        """The decoded RGB image (decoded on the first call)."""
+        if self.decoded is None:
+            self.decoded = decode_pil(self._data, max_pixels=self._max_pixels, name=self._name)
+        return self.decoded
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:  # np.asarray(image)
+        return self.image().__array_interface__
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_") and attribute != "__array__":
+            raise AttributeError(attribute)
+        return getattr(self.image(), attribute)
 
 
 def decode_record(

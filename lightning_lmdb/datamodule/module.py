@@ -39,7 +39,7 @@ from lightning_lmdb.datamodule.options import (
 from lightning_lmdb.datamodule.plan import DataPlan, database_name, given_source  # noqa: F401 (database_name re-exported: defined here before)
 from lightning_lmdb.deprecated import deprecated_names, warn_renamed
 from lightning_lmdb.errors import CacheDirError, OptionError  # noqa: F401 (CacheDirError: the backends raise it)
-from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage
+from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage, Validate
 from lightning_lmdb.read import transforms
 from lightning_lmdb.read.dataset import ImageDatasetBase, LMDBImageDataset, available_memory
 from lightning_lmdb.read.sampler import ResumableDataLoader, Shuffle
@@ -139,6 +139,8 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         manifest: The deprecated name of ``source_options`` (it warns when it sets an option; an old checkpoint's
             hyper-parameters still load through it). Removed in the next release.
         max_pixels: Builder's decompression-bomb limit.
+        validate: How the builder checks files kept as their bytes: ``"reduced"`` (JPEGs decoded at 1/8 scale), ``"full"``
+            or ``"header"`` (no decode: a bad file fails when read); see :class:`~lightning_lmdb.options.BuildOptions`.
         readahead: LMDB readahead; ``None`` chooses by file size against available memory.
         image_size: Side of the default transforms' output (and of ``decode_size="auto"``).
         train_transform: Transform of training images (default: :func:`transforms.train_transform`, a random resized
@@ -224,6 +226,7 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         multiprocessing_context: StartMethod | None = None,
         shared_filesystem: bool = False,
         local_cache_dir: str | os.PathLike[str] | None = None,
+        validate: Validate = BuildOptions.validate,
     ):
         super().__init__()
         check_choices(backend=backend, multiprocessing_context=multiprocessing_context, decoder=decoder, decode_device=decode_device,
@@ -248,7 +251,8 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         self.split_seed, self.backend = split_seed, backend
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.build_options = build_options(storage=storage, workers=build_workers, on_error=on_error, on_stale=on_stale,
-                                           max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=options_given)
+                                           max_pixels=max_pixels, resize=resize, quality=quality, shards=shards, manifest=options_given,
+                                           validate=validate)
         self.decoder, self.decode_size, self.decode_device = decoder, decode_size, decode_device
         self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
         self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()

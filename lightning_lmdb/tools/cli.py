@@ -91,7 +91,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
     return BuildOptions(
         storage=args.storage, workers=args.workers, on_error=args.on_error, overwrite=args.overwrite, on_stale=args.on_stale,
         max_pixels=args.max_pixels or None, resize=args.resize, quality=args.quality, commit_every=args.commit_every,
-        progress=not args.quiet, manifest=manifest_options(args), **_shard_options(args),
+        progress=not args.quiet, manifest=manifest_options(args), validate=args.validate, **_shard_options(args),
     )
 
 
@@ -291,6 +291,9 @@ def make_parser() -> argparse.ArgumentParser:
     build.add_argument("--overwrite", action="store_true", default=BuildOptions.overwrite, help="rebuild even if up to date")
     build.add_argument("--max-pixels", type=int, default=BuildOptions.max_pixels,
                        help="refuse larger images (default: %(default)s; 0: no limit)")
+    build.add_argument("--validate", choices=valid["validate"], default=BuildOptions.validate,
+                       help="how files kept as their bytes are checked: reduced (JPEGs decoded at 1/8 scale), full (every file "
+                            "decoded), header (no decode: a bad file fails when read) (default: %(default)s)")
     build.add_argument("--resize", type=int, default=BuildOptions.resize, metavar="S",
                        help="pre-resized storage: shrink images whose shorter side is larger than S to S (aspect kept, never upscaled)")
     build.add_argument("--quality", type=int, default=BuildOptions.quality,
