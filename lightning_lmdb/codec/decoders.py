@@ -430,7 +430,7 @@ def _opencv_flags(k: int) -> tuple[int, bool]:
 
 def _opencv(data: bytes | memoryview, info: ImageInfo, decode_size: int | None) -> torch.Tensor | None:
     """OpenCV's RGB pixels, or ``None`` when it cannot (PIL then decodes or names the problem)."""
-    if info.format == "jpeg" and not _has_end_marker(data):
+    if info.format == "jpeg" and not has_end_marker(data):
         return None  # a truncated JPEG: OpenCV would fill the rest with grey and say nothing
     k = reduction(info, decode_size)
     flags, bgr = _opencv_flags(k)
@@ -445,7 +445,7 @@ def _opencv(data: bytes | memoryview, info: ImageInfo, decode_size: int | None) 
     return _mark_reduced(hwc_to_tensor(pixels), Reduced(k, info.height, info.width))
 
 
-def _has_end_marker(data: bytes | memoryview) -> bool:
+def has_end_marker(data: bytes | memoryview) -> bool:
     """A JPEG's end-of-image marker in its last 4 KB (files often carry padding or trailers after it)."""
     tail = bytes(data[-4096:])
     return b"\xff\xd9" in tail
@@ -462,7 +462,7 @@ def _torchcodec(data: bytes | memoryview, info: ImageInfo) -> torch.Tensor | Non
         from torchcodec import decoders as tc
 
         _TORCHCODEC.update(jpeg=tc.decode_jpeg, png=tc.decode_png, webp=tc.decode_webp)
-    if info.format == "jpeg" and not _has_end_marker(data):
+    if info.format == "jpeg" and not has_end_marker(data):
         return None
     try:
         pixels = _TORCHCODEC[info.format](bytes(data), mode="RGB")  # type: ignore[operator]

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import default_collate
 
-from lightning_lmdb.codec.decoders import DEFAULT_MAX_PIXELS
+from lightning_lmdb.codec.decoders import DEFAULT_MAX_PIXELS, has_end_marker
 from lightning_lmdb.codec.imageinfo import read_info
 from lightning_lmdb.read.transforms import ResizedCrop
 from lightning_lmdb.targets import TargetKind
@@ -52,10 +52,13 @@ def defer(value: bytes | memoryview, transform: ResizedCrop) -> Deferred | None:
     """The sample as a :class:`Deferred` when the batched decoder takes it, else ``None`` (decode it here).
 
     nvJPEG takes 8-bit grey or colour JPEGs; CMYK / YCCK, 12-bit, EXIF-rotated (PIL's loader ignores the
-    orientation, TorchCodec would apply it) and over-limit images stay on the CPU path.
+    orientation, TorchCodec would apply it), over-limit images and JPEGs without their end marker (truncated: the CPU
+    decode raises naming the record, where nvJPEG might fill the rest in) stay on the CPU path.
     """
     info = read_info(value)
     if info.format != "jpeg" or info.channels not in (1, 3) or info.bit_depth != 8 or info.orientation != 1:
+        return None
+    if not has_end_marker(value):  # truncated (a validate="header" build keeps it): the worker's decode names the record
         return None
     if not 0 < info.pixels <= DEFAULT_MAX_PIXELS:
         return None
