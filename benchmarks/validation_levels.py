@@ -1,7 +1,7 @@
 """What each build validation level (``validate=``) refuses, what the decoders then make of what it accepts, and its cost.
 
 Usage:
-    python benchmarks/validation_levels.py [--photos 300] [--out /tmp/validation_levels]
+    python benchmarks/validation_levels.py [--photos 300] [--large 5] [--out /tmp/validation_levels]
 
 1. A corpus of damaged files made from three good ones (a photo-like JPEG, the same picture as a lossy WebP and as a
    PNG): truncated at several points, bytes flipped in the compressed data, a JPEG named ``.png``, an empty file, and
@@ -12,8 +12,9 @@ Usage:
    pixels), ``own`` (the damaged file's own pixels: what a full PIL decode of that file gives, without an error),
    ``concealed`` (PIL raises, but these are libjpeg's error concealment of the file: PIL's pixels with
    ``LOAD_TRUNCATED_IMAGES``, the damaged rest of the image filled in), ``WRONG`` (anything else).
-2. The cost of each level per image: ``encode_record`` of ``--photos`` generated ImageNet-like JPEGs
-   (``benchmarks/common.py``), files in memory, one core, the median of 3 passes.
+2. The cost of each level per image: ``encode_record`` (``storage="auto"``, the JPEGs kept as their bytes) of ``--photos``
+   generated ImageNet-like JPEGs (``benchmarks/common.py``) and of ``--large`` 4000 x 3000 ones, files in memory, one
+   core, the median of 3 passes.
 """
 
 from __future__ import annotations
@@ -194,32 +195,44 @@ def table(out: Path) -> list[str]:
     return lines
 
 
-def timings(out: Path, count: int) -> list[str]:
-    """ms per image of ``encode_record`` at each level (and of the reduced check alone) on ``count`` photo-like JPEGs."""
+def _ms_per_image(datas: list[bytes], level: str) -> float:
+    passes = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for data in datas:
+            encode_record(data, "auto", validate=level)
+        passes.append((time.perf_counter() - start) / len(datas) * 1e3)
+    return statistics.median(passes)
+
+
+def timings(out: Path, count: int, large: int) -> list[str]:
+    """ms per image of ``encode_record`` at each level on ``count`` ImageNet-like JPEGs and ``large`` 12-megapixel ones."""
     folder = make_photo_folder(out / "photos", count)
-    datas = [p.read_bytes() for p in sorted(folder.rglob("*.JPEG"))]
-    lines = ["| validate | ms / image (encode_record, storage auto, 1 core, median of 3) |", "|---|---:|"]
+    small = [p.read_bytes() for p in sorted(folder.rglob("*.JPEG"))]
+    rng = np.random.default_rng(1)
+    big = []
+    for _ in range(large):
+        buffer = io.BytesIO()
+        Image.fromarray(photo_pixels(rng, 4000, 3000)).save(buffer, "JPEG", quality=90)
+        big.append(buffer.getvalue())
+    lines = [f"| validate | {len(small)} ImageNet-like JPEGs (256-500 px), ms / image | {len(big)} photos 4000x3000, ms / image |",
+             "|---|---:|---:|"]
     for level in VALIDATE_LEVELS:
-        passes = []
-        for _ in range(3):
-            start = time.perf_counter()
-            for data in datas:
-                encode_record(data, "auto", validate=level)
-            passes.append((time.perf_counter() - start) / len(datas) * 1e3)
-        lines.append(f"| {level} | {statistics.median(passes):.3f} |")
+        lines.append(f"| {level} | {_ms_per_image(small, level):.3f} | {_ms_per_image(big, level) if big else float('nan'):.1f} |")
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=int, default=300)
+    parser.add_argument("--large", type=int, default=5, help="12-megapixel JPEGs to time too")
     parser.add_argument("--out", type=Path, default=Path("/tmp/validation_levels"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.machine()}, {platform.processor() or platform.system()}, Python {platform.python_version()}")
     print("\n".join(table(args.out)))
     print()
-    print("\n".join(timings(args.out, args.photos)))
+    print("\n".join(timings(args.out, args.photos, args.large)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The builder's readers: a pool of processes that read, fully decode and checksum source files.
 
-Every file a build stores is decoded here first (so training never meets a corrupt image), either in
+Every file a build stores is validated here first (decoded fully, or as ``validate=`` says for a file kept as its bytes:
+:func:`lightning_lmdb.codec.storage.encode_record`), either in
 this process (``workers=0``) or in a pool of reader processes; :func:`find_bad_files` runs the same
 reads without building anything. The pool is sized by :func:`available_cores` unless told otherwise.
 
