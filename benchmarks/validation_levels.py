@@ -218,7 +218,7 @@ def timings(out: Path, count: int, large: int) -> list[str]:
     lines = [f"| validate | {len(small)} ImageNet-like JPEGs (256-500 px), ms / image | {len(big)} photos 4000x3000, ms / image |",
              "|---|---:|---:|"]
     for level in VALIDATE_LEVELS:
-        lines.append(f"| {level} | {_ms_per_image(small, level):.3f} | {_ms_per_image(big, level) if big else float('nan'):.1f} |")
+        lines.append(f"| {level} | {_ms_per_image(small, level):.3f} | {_ms_per_image(big, level) if big else float('nan'):.2f} |")
     return lines
 
 
