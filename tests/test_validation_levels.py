@@ -186,3 +186,11 @@ def test_a_truncated_jpeg_is_not_sent_to_the_batched_gpu_decoder(jpeg: bytes) ->
     crop = eval_transform(16)
     assert defer(jpeg, crop) is not None
     assert defer(jpeg[: len(jpeg) // 2], crop) is None, "decoded in the worker, whose decode raises naming the record"
+
+
+def test_hydra_sets_the_level() -> None:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+        assert compose("train").data.validate == "reduced"
+        assert compose("train", overrides=["data.validate=header"]).data.validate == "header"
