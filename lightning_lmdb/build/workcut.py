@@ -34,7 +34,8 @@ __all__ = ["HEADER_BYTES", "HEADER_THREADS", "PIXEL_COST", "file_work", "header_
            "work_ranges"]
 
 #: Byte-equivalents of work per pixel of a file whose record is made from its pixels (decode, RGB conversion,
-#: record bytes, checksum): measured on the builder, a decoded pixel costs about as much as 8 bytes of a file kept.
+#: 3 record bytes, their checksum and write). It weighs pixels against kept bytes only where a build mixes both
+#: (``"auto"``, ``resize=``); a ``"decoded"`` build's balance depends little on it (the pixels dominate).
 PIXEL_COST = 8
 #: How much of a file is read for its header: enough for a JPEG's frame header behind a typical Exif block.
 HEADER_BYTES = 16384
