@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -147,6 +148,12 @@ def _timed_build(source: Path, target: Path, **options: object) -> tuple[float, 
     return report.seconds, [os.stat(f).st_mtime - start for f in files]
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _header_cost(source: Path, files: list, threads: int) -> float:
     """Seconds per file to compute the decoded works of ``files`` (headers read by ``threads`` threads)."""
     workcut.HEADER_THREADS = threads
@@ -181,6 +188,22 @@ def mixed(args: argparse.Namespace) -> None:
             shard_seconds[name].append(per_shard)
             print(f"round {rnd}: {name}: {wall:.2f} s, shards {[round(s, 2) for s in per_shard]}", flush=True)
             _remove(target)
+    # each shard alone, as a job array's task in this process (workers=0): its wall and CPU seconds, free of the other
+    # shard's contention for the cores (the machine may be shared: the concurrent rows above then understate the speed-up)
+    alone: dict[str, list[list[tuple[float, float]]]] = {}
+    for name in ["one process", *cuts]:
+        workcut.work_ranges = byte_cut if "byte" in name else work_ranges
+        alone[name] = [[] for _ in range(1 if name == "one process" else args.shards)]
+        for _ in range(args.rounds):
+            target = args.dir / "mixed-alone.lmdb"
+            _remove(target)
+            for i, runs in enumerate(alone[name]):
+                options = dict(workers=0) if name == "one process" else dict(workers=0, shards=args.shards, shard=i)
+                cpu, wall = _cpu(), time.perf_counter()
+                build(source, target, storage="decoded", progress=False, **options)
+                runs.append((time.perf_counter() - wall, _cpu() - cpu))
+            _remove(target)
+        print(f"alone: {name}: {[[(round(w, 2), round(c, 2)) for w, c in runs] for runs in alone[name]]}", flush=True)
     workcut.work_ranges = work_ranges
     local = {threads: _header_cost(source, scan.files, threads) for threads in (1, 16)}
     remote: dict[int, float] | str
@@ -199,7 +222,12 @@ def mixed(args: argparse.Namespace) -> None:
         per_shard = [statistics.median(s[i] for s in shard_seconds[name]) for i in range(args.shards)] if "shards" in name else []
         rows.append({"config": name, "seconds": wall, "vs_one_process": base / wall, "shard_seconds": per_shard,
                      "shard_spread": max(per_shard) / min(per_shard) if per_shard else None, "rounds": seconds[name]})
+    alone_cpu = {name: [statistics.median(c for _, c in runs) for runs in parts] for name, parts in alone.items()}
+    alone_wall = {name: [statistics.median(w for w, _ in runs) for runs in parts] for name, parts in alone.items()}
     lines = [
+        f"Load average at the end: {' / '.join(f'{v:.1f}' for v in os.getloadavg())} (other work on the machine slows the "
+        "concurrent builds)",
+        "",
         f"decoded build of {args.icons} PNGs (96-192 px) + {args.wallpapers} JPEG wallpapers (2-4 Mpx) ({source}), {cores} cores, median "
         f"of {args.rounds} rounds",
         "",
@@ -215,6 +243,15 @@ def mixed(args: argparse.Namespace) -> None:
         + (f"latency mount 0.5 ms: {remote[1] * 1e6:.0f} us (1 thread), {remote[16] * 1e6:.0f} us (16 threads)"
            if isinstance(remote, dict) else str(remote)),
         "",
+        "Each shard built alone (a job array's task, in one process), median wall / CPU seconds, and the speed-up over one "
+        "process its slowest shard allows on 2 free cores (one process's CPU / the slowest shard's CPU):",
+        "",
+        "| build | wall seconds | CPU seconds | slowest / fastest shard (CPU) | speed-up its slowest shard allows |",
+        "|---|---|---|---:|---:|",
+        *(f"| {name}{' (each shard alone)' if name != 'one process' else ''} | {' / '.join(f'{w:.2f}' for w in alone_wall[name])} | "
+          f"{' / '.join(f'{c:.2f}' for c in cpu)} | {max(cpu) / min(cpu):.2f} | {alone_cpu['one process'][0] / max(cpu):.2f}x |"
+          for name, cpu in alone_cpu.items()),
+        "",
         f"Reproduce: python benchmarks/bench_shards.py --mixed --icons {args.icons} --wallpapers {args.wallpapers} "
         f"--shards {args.shards} --rounds {args.rounds}",
     ]
@@ -222,7 +259,8 @@ def mixed(args: argparse.Namespace) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "shards_mixed.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "shards_mixed.json").write_text(json.dumps({"cores": cores, "rows": rows, "held": held, "header_local_s": local,
-                                                           "header_mount_s": remote}, indent=1))
+                                                           "header_mount_s": remote,
+                                                           "alone_wall_s": alone_wall, "alone_cpu_s": alone_cpu}, indent=1))
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ def _mixed_folder(root: Path) -> Path:
     """Small noise PNGs (decoded ~1x their file) in class ``a``, then photo-like JPEGs (decoded ~10x) in class ``b``."""
     rng = np.random.default_rng(0)
     for i in range(60):
-        save_image(Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)), root / "a" / f"icon_{i:03d}.png")
+        save_image(Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)), root / "a" / f"icon_{i:03d}.png")
     for i in range(40):
-        save_image(photo(rng, 128, 96), root / "b" / f"photo_{i:03d}.jpg")
+        save_image(photo(rng, 256, 192), root / "b" / f"photo_{i:03d}.jpg")
     return root
 
 
@@ -39,9 +39,9 @@ def test_decoded_shards_hold_even_estimated_work_where_a_byte_cut_would_not(tmp_
     assert max(held) <= 1.10 * min(held), held
     by_bytes = _shard_works(works, shards.shard_ranges([f.size for f in scan.files], 2))
     assert max(by_bytes) > 1.5 * min(by_bytes), f"the byte cut was balanced here too ({by_bytes}): this test would not fail"
-    # the estimate follows the pixels: a 128x96 JPEG is 8 * 12288 byte-equivalents beyond its bytes
+    # the estimate follows the pixels: a 256x192 JPEG is 8 * 49152 byte-equivalents beyond its bytes
     jpeg = next(f for f in scan.files if f.relpath.endswith(".jpg"))
-    assert works[scan.files.index(jpeg)] == shards.FILE_COST_BYTES + jpeg.size + workcut.PIXEL_COST * 128 * 96
+    assert works[scan.files.index(jpeg)] == workcut.FILE_WORK + jpeg.size + workcut.PIXEL_COST * 256 * 192
 
 
 def test_the_cut_is_the_same_in_every_computation(tmp_path: Path) -> None:
@@ -54,12 +54,12 @@ def test_the_cut_is_the_same_in_every_computation(tmp_path: Path) -> None:
 def test_kept_files_count_their_bytes_and_decoded_ones_their_pixels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     scan = scan_folder(_mixed_folder(tmp_path / "src"))
     png, jpeg = scan.files[0], scan.files[-1]
-    sizes = {f.path: f.size + shards.FILE_COST_BYTES for f in scan.files}
+    sizes = {f.path: f.size + workcut.FILE_WORK for f in scan.files}
     auto = dict(zip([f.path for f in scan.files], workcut.scan_works(scan.files, "auto", None), strict=True))
     assert auto[jpeg.path] == sizes[jpeg.path], "auto keeps a JPEG's bytes"
-    assert auto[png.path] == sizes[png.path] + workcut.PIXEL_COST * 24 * 24, "auto stores a PNG's pixels"
-    resized = dict(zip([f.path for f in scan.files], workcut.scan_works(scan.files, "encoded", 50), strict=True))
-    assert resized[png.path] == sizes[png.path] and resized[jpeg.path] > sizes[jpeg.path], "resize=50 shrinks the JPEGs only"
+    assert auto[png.path] == sizes[png.path] + workcut.PIXEL_COST * 64 * 64, "auto stores a PNG's pixels"
+    resized = dict(zip([f.path for f in scan.files], workcut.scan_works(scan.files, "encoded", 100), strict=True))
+    assert resized[png.path] == sizes[png.path] and resized[jpeg.path] > sizes[jpeg.path], "resize=100 shrinks the JPEGs only"
     monkeypatch.setattr(workcut, "header_info", lambda path: pytest.fail("encoded without resize reads no header"))
     assert workcut.scan_works(scan.files, "encoded", None) == [sizes[f.path] for f in scan.files]
 
@@ -75,8 +75,8 @@ def test_headers_are_read_beyond_the_first_bytes_and_a_damaged_one_counts_its_by
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not an image at all")
     assert workcut.header_info(broken) is None and workcut.header_info(tmp_path / "gone.png") is None
-    assert workcut.file_work(19, None, "decoded", None) == 19 + shards.FILE_COST_BYTES
-    assert workcut.file_work(10, workcut.header_info(gif), "decoded", None) == 10 + shards.FILE_COST_BYTES + 8 * 33 * 7
+    assert workcut.file_work(19, None, "decoded", None) == 19 + workcut.FILE_WORK
+    assert workcut.file_work(10, workcut.header_info(gif), "decoded", None) == 10 + workcut.FILE_WORK + 8 * 33 * 7
 
 
 def test_the_cut_is_recorded_in_the_shards_and_the_manifest(tmp_path: Path) -> None:
