@@ -190,11 +190,12 @@ def mixed(args: argparse.Namespace) -> None:
             _remove(target)
     # each shard alone, as a job array's task in this process (workers=0): its wall and CPU seconds, free of the other
     # shard's contention for the cores (the machine may be shared: the concurrent rows above then understate the speed-up)
-    alone: dict[str, list[list[tuple[float, float]]]] = {}
-    for name in ["one process", *cuts]:
-        workcut.work_ranges = byte_cut if "byte" in name else work_ranges
-        alone[name] = [[] for _ in range(1 if name == "one process" else args.shards)]
-        for _ in range(args.rounds):
+    alone: dict[str, list[list[tuple[float, float]]]] = {
+        name: [[] for _ in range(1 if name == "one process" else args.shards)] for name in ["one process", *cuts]}
+    for rnd in range(args.rounds):  # every build of a round, in rotating order: a drift in the machine's load hits all alike
+        names = list(alone)
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            workcut.work_ranges = byte_cut if "byte" in name else work_ranges
             target = args.dir / "mixed-alone.lmdb"
             _remove(target)
             for i, runs in enumerate(alone[name]):
@@ -203,7 +204,8 @@ def mixed(args: argparse.Namespace) -> None:
                 build(source, target, storage="decoded", progress=False, **options)
                 runs.append((time.perf_counter() - wall, _cpu() - cpu))
             _remove(target)
-        print(f"alone: {name}: {[[(round(w, 2), round(c, 2)) for w, c in runs] for runs in alone[name]]}", flush=True)
+    for name, parts in alone.items():
+        print(f"alone: {name}: {[[(round(w, 2), round(c, 2)) for w, c in runs] for runs in parts]}", flush=True)
     workcut.work_ranges = work_ranges
     local = {threads: _header_cost(source, scan.files, threads) for threads in (1, 16)}
     remote: dict[int, float] | str
