@@ -15,7 +15,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from lightning_lmdb import LMDBDataModule, LMDBImageDataset
-from lightning_lmdb.build import readers
+from lightning_lmdb.build import readers, workcut
 from lightning_lmdb.build.writer import BuildError, build, build_lmdb
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.sources.folder import scan_folder
@@ -124,7 +124,7 @@ def test_a_bad_file_stops_its_shard_and_a_rerun_with_skip_completes_the_build(tm
     bad = source / "c1" / "img_00051.jpg"
     bad.write_bytes(b"not a jpeg")  # in shard 1 of 2 (c1, the second half of the bytes)
     files = scan_folder(source).files
-    start = shards.shard_ranges([f.size for f in files], 2)[1][0]
+    start = workcut.work_ranges(scan_folder(source), "auto", None, 2)[1][0]
     before = [f.path for f in files].index(str(bad)) - start
     folder = tmp_path / "db.lmdb"
     with pytest.raises(BuildError, match=rf"(?s)img_00051\.jpg.*Nothing was lost: the {before} files of shard-00001-of-00002\.lmdb before"):
@@ -274,7 +274,7 @@ def test_datamodule_serves_a_sharded_database(image_folder: Path, tmp_path: Path
 def _spoil_shard(source: Path, index: int, of: int) -> list[str]:
     """Overwrite every file of shard ``index``'s range with garbage of the same size (so the ranges stay), returning their paths."""
     files = scan_folder(source).files
-    start, stop = shards.shard_ranges([f.size for f in files], of)[index]
+    start, stop = workcut.work_ranges(scan_folder(source), "auto", None, of)[index]
     rng = np.random.default_rng(1)
     for f in files[start:stop]:
         Path(f.path).write_bytes(b"\0" + rng.integers(0, 256, f.size - 1, dtype=np.uint8).tobytes())
@@ -328,14 +328,13 @@ def _skewed_folder(root: Path) -> Path:
     return root
 
 
-def test_shards_are_cut_where_the_source_bytes_are_even(tmp_path: Path) -> None:
+def test_shards_are_cut_where_the_estimated_work_is_even(tmp_path: Path) -> None:
     source = _skewed_folder(tmp_path / "src")
     folder = build_lmdb(source, tmp_path / "db.lmdb", shards=2, storage="decoded", workers=2, progress=False)
     metas = [shards.load_meta(p) for p in shards.database_files(folder)]
-    source_bytes = [m.source.bytes for m in metas]
-    assert max(source_bytes) < 1.5 * min(source_bytes), f"unbalanced shards: {source_bytes} source bytes"
-    sizes = [p.stat().st_size for p in shards.database_files(folder)]
-    assert max(sizes) < 2 * min(sizes), f"unbalanced shard files: {sizes} bytes"
+    works = workcut.scan_works(scan_folder(source).files, "decoded", None)
+    held = [sum(works[m.shard.start:m.shard.stop]) for m in metas]
+    assert max(held) < 1.5 * min(held) and metas[1].shard.stop - metas[1].shard.start < 24, f"unbalanced shards: {held} work"
     _same_database(folder, build_lmdb(source, tmp_path / "one.lmdb", storage="decoded", workers=0, progress=False))  # same order
 
     # each task of a job array computes the same ranges from its own scan

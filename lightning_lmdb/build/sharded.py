@@ -1,7 +1,7 @@
 """Building a sharded database: a folder of K shard files over contiguous ranges of the scan, and a manifest.
 
 :func:`build_shards` checks everything that can refuse the build, splits the scan into ranges
-(:func:`lightning_lmdb.store.shards.shard_ranges`), builds each shard as a single-file build of its range
+of even estimated work (:func:`lightning_lmdb.build.workcut.work_ranges`), builds each shard as a single-file build of its range
 (:class:`lightning_lmdb.build.onefile._Writer` with a ``shard`` header) -- several at once, each in a process of
 its own -- and writes the manifest once every shard is there. :func:`lightning_lmdb.build.writer.build` calls it
 when ``shards`` is set. The layout of a sharded folder is described in :mod:`lightning_lmdb.store.shards`.
@@ -10,6 +10,7 @@ when ``shards`` is set. The layout of a sharded folder is described in :mod:`lig
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing
 import os
@@ -21,7 +22,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from lightning_lmdb.build import readers
+from lightning_lmdb.build import readers, workcut
 from lightning_lmdb.build.onefile import BuildReport, _build_lock, _checked_target, _existing_meta, _Writer
 from lightning_lmdb.errors import BuildError, OptionError, StaleDatabaseError
 from lightning_lmdb.options import BuildOptions
@@ -81,11 +82,12 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     folder.mkdir(parents=True, exist_ok=True)
     if existing is not None or options.overwrite:
         _retire_manifest(folder, count_of)
-    ranges = shards.shard_ranges([f.size for f in scan.files], count_of)
+    ranges = workcut.work_ranges(scan, options.storage, options.resize, count_of)
+    _claim_cut(folder, count_of, ranges)
     todo = list(range(count_of)) if indices is None else sorted(set(indices))
     workers = readers.available_cores() if options.workers is None else options.workers
     jobs = [_ShardJob(_sub_scan(scan, *ranges[i], with_special=i == 0), folder / shards.shard_name(i, count_of),
-                      fmt.ShardInfo(i, count_of, *ranges[i], len(scan.files), scan.fingerprint()))
+                      fmt.ShardInfo(i, count_of, *ranges[i], len(scan.files), scan.fingerprint(), shards.CUT_METHOD))
             for i in todo]
     if len(jobs) == 1 or workers <= 1:  # one shard: its files read by this build's pool (or in this process with workers=0)
         reports = [_build_shard(job, options) for job in jobs]
@@ -214,6 +216,42 @@ def _existing_sharded_meta(folder: Path) -> tuple[fmt.Metadata, int] | None:
     except (fmt.DatabaseError, OSError):
         return None
     return meta, len(parts)
+
+
+#: The file in a sharded folder that records the cut of the build under way: ``{"method", "of", "bounds"}`` (JSON).
+CUT_NAME = "cut.json"
+
+
+def _claim_cut(folder: Path, count_of: int, ranges: list[tuple[int, int]]) -> None:
+    """Record this build's cut in ``folder``; first restart a partial build cut another way (its shards and partial files removed).
+
+    A folder holding shards or ``.partial`` files of ``count_of`` shards but no :data:`CUT_NAME` (a build of a library
+    that cut by source bytes) or one naming another method is not resumed shard by shard: its ranges were cut another
+    way, so its shards are built again from the start. Shards of the same method whose ranges moved (the source changed)
+    are left to the per-shard checks, as before.
+    """
+    record = {"method": shards.CUT_METHOD, "of": count_of, "bounds": [start for start, _ in ranges] + [ranges[-1][1]]}
+    path = folder / CUT_NAME
+    with shards.manifest_lock(folder):
+        try:
+            old = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            old = None
+        except ValueError:
+            old = {}
+        method = old.get("method") if isinstance(old, dict) else None
+        if method != shards.CUT_METHOD:
+            targets = [folder / shards.shard_name(i, count_of) for i in range(count_of)]
+            started = [p for t in targets for p in (t, fsops.partial_path(t)) if p.exists()]
+            if started:
+                log.warning("%s holds a partial sharded build cut by %s; this build cuts by %s: restarting it (its %d shard and "
+                            "partial files are removed and built again, not merged).", folder,
+                            "source bytes (no recorded method)" if method is None else repr(method), shards.CUT_METHOD, len(started))
+                for p in started:
+                    p.unlink()
+        if old != record:
+            fmt.write_atomically(path, (json.dumps(record) + "\n").encode("utf-8"))
+        fsops.fsync_dir(folder)
 
 
 def _retire_manifest(folder: Path, count_of: int) -> None:

@@ -314,6 +314,8 @@ class ShardInfo:
         start: First file of the whole scan this shard covers; stop: one past its last (it covers ``files[start:stop]``).
         scan_files: Files in the whole scan.
         scan_fingerprint: The whole scan's fingerprint (every shard of one build carries the same).
+        cut: How the scan was cut into shards (:data:`lightning_lmdb.store.shards.CUT_METHOD`): ``"bytes"`` (source bytes,
+            the only cut before it was recorded: a header without ``cut`` says it) or ``"work"`` (estimated work).
     """
 
     index: int
@@ -322,6 +324,7 @@ class ShardInfo:
     stop: int
     scan_files: int
     scan_fingerprint: str
+    cut: str = "bytes"
 
 
 @dataclass(frozen=True, eq=False)
@@ -379,7 +382,7 @@ class Metadata:
     def header(self) -> dict[str, Any]:
         """The header JSON object (version 2 or 3, :func:`version_for`), without ``arrays``."""
         return {
-            **({"shard": dataclasses.asdict(self.shard)} if self.shard is not None else {}),
+            **({"shard": _shard_header(self.shard)} if self.shard is not None else {}),
             "format": FORMAT_NAME,
             "version": version_for(self.target_kind, self.split_names),
             "count": self.count,
@@ -456,9 +459,17 @@ def read_meta(env: lmdb.Environment, path: str | os.PathLike[str] = "<database>"
         if "shard" in obj:
             shard = JsonFields(get("shard", dict), path, "shard.")
             info = ShardInfo(*(shard(name, int) for name in ("index", "of", "start", "stop", "scan_files")),
-                             shard("scan_fingerprint", str))
+                             shard("scan_fingerprint", str), shard("cut", str) if "cut" in obj["shard"] else "bytes")
             meta = dataclasses.replace(meta, shard=info)
         return meta
+
+
+def _shard_header(shard: ShardInfo) -> dict[str, Any]:
+    """A shard header's ``shard`` object (``cut`` left out when ``"bytes"``: such a header reads back as it was written)."""
+    fields = dataclasses.asdict(shard)
+    if fields["cut"] == "bytes":
+        del fields["cut"]
+    return fields
 
 
 def _check_version(obj: Any, path: str | os.PathLike[str]) -> int:

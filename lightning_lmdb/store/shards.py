@@ -8,9 +8,11 @@ A sharded database is a **folder**, e.g. ``train.lmdb/``, holding:
 * ``shard-00000-of-00004.lmdb`` ... ``shard-00003-of-00004.lmdb``: each a complete database file of
   :mod:`lightning_lmdb.store.format` (version 2) over a contiguous range of the source scan, with a ``shard``
   header field (``index``, ``of``, ``start``, ``stop``, ``scan_files``, ``scan_fingerprint``). Shard ``i``
-  covers ``files[start:stop]`` of the scan; the ranges are cut where the source bytes (plus a per-file cost)
-  are even, not the file counts (:func:`shard_ranges`), so a class of large images does not make one shard
-  the whole build's time. A shard may hold no record (every file of its range skipped as unreadable). Each
+  covers ``files[start:stop]`` of the scan; the ranges are cut where the estimated **work** is even, not the
+  file counts (:func:`cut_ranges` over :func:`lightning_lmdb.build.workcut.file_work`: the source bytes of a
+  file kept as it is, its pixel count from the header for one decoded), so every shard takes about the same
+  time. The header's ``shard.cut`` names the method (:data:`CUT_METHOD`; no ``cut``: ``"bytes"``, the cut by
+  source bytes of builds before it). A shard may hold no record (every file of its range skipped as unreadable). Each
   is built, resumed and renamed into place on its own, like a single-file database (``.partial`` and
   ``.build-lock`` beside it).
 * ``manifest.json``, written last, once every shard is complete: UTF-8 JSON (never pickle) with the
@@ -18,7 +20,8 @@ A sharded database is a **folder**, e.g. ``train.lmdb/``, holding:
   ``classes``, ``class_to_idx``, ``checksum``, ``source`` of the whole scan, ``options``, ``skipped``,
   ``created``, ``library_version``, ``build_id``) and ``shards``: per shard its ``file``, record ``count``,
   global ``offset``, ``build_id`` and ``digest`` (the shard's header digest, which covers its targets,
-  paths and per-record checksums). Offsets are fixed only here: a skipped file changes its shard's size.
+  paths and per-record checksums), and ``cut``: the ``method`` and the ``bounds`` (shard ``i`` covers files
+  ``bounds[i]:bounds[i + 1]`` of the scan). Offsets are fixed only here: a skipped file changes its shard's size.
   The manifest is a pure function of the shards (its build id is a digest of theirs), so two processes
   that finish at once write the same file.
 * ``build-lock``: the lock under which the manifest is checked and written.
@@ -64,7 +67,8 @@ from lightning_lmdb.store.database import (
 )
 
 __all__ = [
-    "FILE_COST_BYTES", "LOCK_NAME", "MANIFEST_NAME", "finalize", "manifest_lock", "shard_files", "shard_name", "shard_ranges",
+    "CUT_METHOD", "FILE_COST_BYTES", "LOCK_NAME", "MANIFEST_NAME", "cut_ranges", "finalize",
+    "manifest_lock", "shard_files", "shard_name", "shard_ranges",
     # Reading a database (either layout) lives in lightning_lmdb.store.database; re-exported for callers that predate it
     # (dataset.py, datamodule.py, the tests).
     "build_id", "database_bytes", "database_files", "load_meta", "open_database", "parts",
@@ -74,14 +78,17 @@ __all__ = [
 #: written: about a filesystem block's worth), so a shard of many tiny files is not taken for a light one.
 FILE_COST_BYTES = 4096
 
+#: The cut this library makes (recorded in each shard's header and the manifest): ``"work"``, by estimated work
+#: (:func:`lightning_lmdb.build.workcut.file_work`). ``"bytes"`` was the cut by source bytes (:func:`shard_ranges`) of
+#: earlier builds; a partial build cut another way is restarted, a finished one is kept.
+CUT_METHOD = "work"
+
 
 def shard_ranges(sizes: Sequence[int], shards: int) -> list[tuple[int, int]]:
-    """The ``(start, stop)`` of the scan each of ``shards`` shards covers, cut where the work is even.
+    """The ``(start, stop)`` of the scan each of ``shards`` shards covers, cut where the source bytes are even (the ``"bytes"`` cut).
 
-    The work of a file is its size at scan time (``SourceFile.size``: no file is opened) plus
-    :data:`FILE_COST_BYTES`; shard ``k`` ends at the file boundary nearest to ``(k + 1) / shards`` of the total.
-    The ranges are contiguous, in scan order, cover every file, and none is empty. Integer arithmetic only:
-    every task of a job array computes the same ranges from the same scan.
+    The work of a file is taken as its size at scan time (``SourceFile.size``: no file is opened) plus
+    :data:`FILE_COST_BYTES`: the cut of builds before :data:`CUT_METHOD`, which builds now use (:func:`cut_ranges`).
 
     Args:
         sizes: The scan's file sizes, in scan order.
@@ -90,10 +97,27 @@ def shard_ranges(sizes: Sequence[int], shards: int) -> list[tuple[int, int]]:
     Raises:
         ValueError: ``shards`` is not between 1 and the number of files.
     """
-    count = len(sizes)
+    return cut_ranges([max(size, 0) + FILE_COST_BYTES for size in sizes], shards)
+
+
+def cut_ranges(works: Sequence[int], shards: int) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` of the scan each of ``shards`` shards covers, cut where the work is even.
+
+    Shard ``k`` ends at the file boundary nearest to ``(k + 1) / shards`` of the total work. The ranges are contiguous,
+    in scan order, cover every file, and none is empty. Integer arithmetic only: every task of a job array computes the
+    same ranges from the same works.
+
+    Args:
+        works: Each file's work (a non-negative integer; negative counts as 0), in scan order.
+        shards: How many ranges (``1 <= shards <= len(works)``).
+
+    Raises:
+        ValueError: ``shards`` is not between 1 and the number of files.
+    """
+    count = len(works)
     if not 1 <= shards <= count:
         raise OptionError(f"shards={shards} must be from 1 to the {count} files of the scan.")
-    ends = list(itertools.accumulate((max(size, 0) + FILE_COST_BYTES for size in sizes), initial=0))  # ends[j]: work of files[:j]
+    ends = list(itertools.accumulate((max(int(work), 0) for work in works), initial=0))  # ends[j]: work of files[:j]
     cuts = [0]
     for k in range(1, shards):
         goal = k * ends[-1]  # in units of 1/shards: the boundary j wanted has ends[j] * shards nearest to it
@@ -162,6 +186,8 @@ def _check_one_build(folder: Path, metas: list[fmt.Metadata]) -> None:
                 f"{str(folder / name)!r} was built from another scan of the source than shard 0 (files were added, removed or "
                 f"modified between their builds). Build the folder again: lightning-lmdb build SOURCE {folder} --shards {len(metas)} "
                 "rebuilds the shards that do not match the source now.")
+        elif first.shard is not None and shard.cut != first.shard.cut:
+            problem = f"was cut by {shard.cut!r}, shard 0 by {first.shard.cut!r} (shards of two builds)"
         elif shard.start != stop:
             problem = f"starts at file {shard.start}, but the shards before it end at {stop}"
         elif (meta.storage, _content(meta), meta.classes, meta.target_kind, meta.target_names, meta.split_names) != (
@@ -211,5 +237,6 @@ def _manifest(folder: Path, metas: list[fmt.Metadata], digests: list[str | None]
         "target_kind": first.target_kind,
         **({"target_names": first.target_names} if first.target_names else {}),
         **({"split_names": first.split_names} if first.split_names else {}),
+        "cut": {"method": first.shard.cut, "bounds": [m.shard.start for m in metas if m.shard is not None] + [first.shard.scan_files]},
         "shards": entries,
     }
