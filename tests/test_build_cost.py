@@ -83,3 +83,21 @@ def test_a_resume_does_only_the_work_left(tmp_path: Path, monkeypatch: pytest.Mo
     full = build(source, tmp_path / "full.lmdb", workers=0, commit_every=EVERY, progress=False)
     assert len(decoded) == 2 * COUNT - 9 * EVERY
     assert full.action == "built" and full.records_written == COUNT
+
+
+def test_chunks_are_bounded_by_count_and_bytes() -> None:
+    """What crosses between a reader process and the writer at once: at most CHUNK_FILES tasks and about CHUNK_BYTES expected
+    bytes (a file over the bound goes alone), every task once, in order."""
+    tasks = [(i,) for i in range(300)]
+    big = readers.CHUNK_BYTES
+    sizes = [big if i in (5, 6, 200) else 1000 for i in range(300)]
+    chunks = readers.chunks_of(tasks, sizes, workers=1)
+    assert [t for chunk in chunks for t in chunk] == tasks
+    assert all(len(chunk) <= readers.CHUNK_FILES for chunk in chunks)
+    for chunk in chunks:
+        held = sum(sizes[t[0]] for t in chunk)
+        assert held <= readers.CHUNK_BYTES or len(chunk) == 1
+    assert [(5,)] in chunks and [(6,)] in chunks and [(200,)] in chunks
+    decoded = readers.chunks_of(tasks, [1 << 20] * 300, workers=1, growth=readers.GROWTH)  # 1 MB files, 12 MB records each
+    assert max(len(chunk) for chunk in decoded) == 1
+    assert max(len(chunk) for chunk in readers.chunks_of(tasks, None, workers=2)) == 300 // 8  # a quarter of each reader's share

@@ -272,7 +272,9 @@ class _Writer:
         bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress,
                    dynamic_ncols=True, position=self.line)
         started, nbytes = time.perf_counter(), 0
-        with readers._read_files(tasks, self.workers, dataset) as results:
+        sizes = [f.size for f in files[consumed:]]
+        growth = 1 if opts["storage"] == "encoded" and opts.get("resize") is None else readers.GROWTH
+        with readers._read_files(tasks, self.workers, dataset, sizes, growth) as results:
             for index, value, digest in results:
                 if value is not None and fitting is not None:  # the entry ends with the record's target
                     misfit = fitting.check(fmt.split_entry(digest)[1])
