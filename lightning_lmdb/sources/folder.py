@@ -3,8 +3,9 @@
 Two layouts are accepted:
 
 * **ImageFolder layout** -- one subfolder per class. Classes, ``class_to_idx``, the file set and the
-  sample order come from torchvision's own ``find_classes`` / ``make_dataset`` /
-  ``IMG_EXTENSIONS``, so they equal ``ImageFolder`` on the same folder.
+  sample order come from copies of torchvision's ``find_classes`` / ``make_dataset`` /
+  ``IMG_EXTENSIONS`` (kept equal by a test; copied so a build imports no torch), so they equal ``ImageFolder``
+  on the same folder.
 * **Flat folder** -- images directly in the folder and no subfolders with images: samples without
   labels (``classes == []``, every target ``-1``).
 
