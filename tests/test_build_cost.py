@@ -101,3 +101,31 @@ def test_chunks_are_bounded_by_count_and_bytes() -> None:
     decoded = readers.chunks_of(tasks, [1 << 20] * 300, workers=1, growth=readers.GROWTH)  # 1 MB files, 12 MB records each
     assert max(len(chunk) for chunk in decoded) == 1
     assert max(len(chunk) for chunk in readers.chunks_of(tasks, None, workers=2)) == 300 // 8  # a quarter of each reader's share
+
+
+class _Pool:
+    """A pool stand-in that reads at once and counts the chunks submitted."""
+
+    def __init__(self) -> None:
+        self.submitted = 0
+
+    def apply_async(self, read, args):
+        self.submitted += 1
+        done = read(*args)
+
+        class Result:
+            def get(self):
+                return done
+
+        return Result()
+
+
+def test_readers_read_at_most_a_window_ahead_of_the_writer() -> None:
+    """However slow the writer, at most ``window`` chunks are submitted and not yet taken, and every result comes in order."""
+    pool, chunks = _Pool(), [[(i, j) for j in range(3)] for i in range(20)]
+    results = readers._in_order(pool, list, chunks, window=5)
+    assert next(results) == (0, 0)
+    assert pool.submitted == 6  # the window, and the chunk after the one taken
+    assert [next(results) for _ in range(5)] == [(0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert pool.submitted == 7
+    assert list(results) == [t for chunk in chunks[2:] for t in chunk] and pool.submitted == 20

@@ -15,9 +15,11 @@ then its mask (:func:`lightning_lmdb.sources.masks.read_mask`, the image's size)
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -301,5 +303,24 @@ def _read_files(tasks: list[_Task], workers: int, dataset: Any = None, sizes: li
             f"{context.get_start_method()!r} pickles it): {exc}. Make it picklable, or build with workers=0."
         ) from exc
     with pool:
-        done = pool.imap(_read_chunk if dataset is None else _read_sample_chunk, chunks, chunksize=1)
-        yield (result for chunk in done for result in chunk)
+        yield _in_order(pool, _read_chunk if dataset is None else _read_sample_chunk, chunks, AHEAD * workers + 1)
+
+
+#: Chunks a reader process may have read ahead of the writer (per reader): what waits in memory, and what a kill loses beyond
+#: the batch the writer had not committed, is at most ``AHEAD * workers + 1`` chunks.
+AHEAD = 2
+
+
+def _in_order(pool: Any, read: Callable[[list[_Task]], list[Any]], chunks: list[list[_Task]], window: int) -> Iterator[Any]:
+    """The results of ``read`` on every chunk, in order, with at most ``window`` chunks submitted and not yet taken (``imap``
+    would read every chunk ahead of a slower writer and hold all their records in memory)."""
+    pending: collections.deque[Any] = collections.deque()
+    waiting = iter(chunks)
+    for chunk in itertools.islice(waiting, window):
+        pending.append(pool.apply_async(read, (chunk,)))
+    while pending:
+        done = pending.popleft().get()
+        chunk = next(waiting, None)
+        if chunk is not None:
+            pending.append(pool.apply_async(read, (chunk,)))
+        yield from done
