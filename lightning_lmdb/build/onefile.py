@@ -89,6 +89,9 @@ class BuildReport:
         count: Records in the database.
         skipped: Files left out, with the reason.
         seconds: Wall time of this call.
+        phases: Wall seconds of its parts, when it built or resumed one file: ``scan`` (listing the source), ``open``
+            (opening or resuming the partial file, the resume's checks), ``write`` (reading, decoding and committing the
+            records), ``finish`` (the metadata, the final commit and the rename). A resume's ``write`` is the work left.
     """
 
     path: Path
@@ -97,6 +100,7 @@ class BuildReport:
     count: int
     skipped: list[fmt.Skipped] = field(default_factory=list)
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def _checked_target(source_root: Path, target: str | os.PathLike[str]) -> Path:
@@ -148,6 +152,14 @@ class _Writer:
             _check_mask_build(scan, options, shard)
 
     def run(self) -> BuildReport:
+        clock = time.perf_counter()
+        phases: dict[str, float] = {}
+
+        def lap(name: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            phases[name], clock = now - clock, now
+
         finished = self._finished_partial()
         if finished is not None:  # killed after the final commit, before the rename: just finish the rename
             log.info("%s is a complete build of this source; renaming it into place.", self.partial)
@@ -159,16 +171,22 @@ class _Writer:
                 skipped = self._special_files()
             dbs = (env.open_db(fmt.RECORDS_DB), env.open_db(fmt.CHECKSUMS_DB))
             action = "resumed" if consumed else "built"
+            lap("open")
             self._fill(env, dbs, consumed, skipped)
+            lap("write")
             count = self._finish(env, dbs, skipped)
         finally:
             env.close()
         _fault("rename")
         self._rename()
+        lap("finish")
+        log.debug("%s %s: %d records written, %s", action.capitalize(), self.target, self.written,
+                  ", ".join(f"{name} {seconds:.3f} s" for name, seconds in phases.items()))
         if skipped:
             log.warning("Skipped %s while building %s:\n%s", _plural(len(skipped), "bad file"), self.target,
                         "\n".join(f"  {_shown(s['path'])}: {s['reason']}" for s in skipped))
-        return BuildReport(self.target, action, self.written, count, [fmt.Skipped(s["path"], s["reason"]) for s in skipped])
+        return BuildReport(self.target, action, self.written, count, [fmt.Skipped(s["path"], s["reason"]) for s in skipped],
+                           phases=phases)
 
     def _rename(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -256,7 +274,9 @@ class _Writer:
         bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress,
                    dynamic_ncols=True, position=self.line)
         started, nbytes = time.perf_counter(), 0
-        with readers._read_files(tasks, self.workers, dataset) as results:
+        sizes = [f.size for f in files[consumed:]]
+        growth = 1 if opts["storage"] == "encoded" and opts.get("resize") is None else readers.GROWTH
+        with readers._read_files(tasks, self.workers, dataset, sizes, growth) as results:
             for index, value, digest in results:
                 if value is not None and fitting is not None:  # the entry ends with the record's target
                     misfit = fitting.check(fmt.split_entry(digest)[1])

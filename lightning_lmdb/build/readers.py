@@ -16,9 +16,11 @@ then its mask (:func:`lightning_lmdb.sources.masks.read_mask`, the image's size)
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -233,10 +235,57 @@ def _ignore_palette_warning() -> None:
     warnings.filterwarnings("ignore", message="Palette images with Transparency expressed in bytes", category=UserWarning)
 
 
+#: The most tasks in one chunk a reader process reads and sends back at once (a chunk crosses the pipe as one message).
+CHUNK_FILES = 64
+#: The most bytes one chunk's records are expected to hold: the source bytes of its files, times :data:`GROWTH` for a storage
+#: that decodes. A file larger than that is a chunk alone, so what crosses the pipe at once (and waits in the writer's queue)
+#: stays near this bound however large the images, not 64 decoded wallpapers of 100 MB each.
+CHUNK_BYTES = 16 << 20
+#: How much larger than its file a record is expected to be when the storage is not ``"encoded"`` (JPEG pixels: ~10x).
+GROWTH = 12
+
+
+def chunks_of(tasks: list[_Task], sizes: list[int] | None, workers: int, growth: int = 1) -> list[list[_Task]]:
+    """``tasks`` cut, in order, into chunks of at most :data:`CHUNK_FILES` tasks and about :data:`CHUNK_BYTES` expected bytes.
+
+    Args:
+        tasks: The readers' tasks.
+        sizes: Each task's file size (``None``: unknown, e.g. a dataset's samples: cut by count alone).
+        workers: Reader processes: chunks are also at most a quarter of each one's share, so they all stay busy to the end.
+        growth: How much larger than its file a record is expected to be.
+    """
+    most = max(1, min(CHUNK_FILES, len(tasks) // (4 * max(1, workers))))
+    chunks: list[list[_Task]] = []
+    chunk: list[_Task] = []
+    held = 0
+    for k, task in enumerate(tasks):
+        size = 0 if sizes is None else sizes[k] * growth
+        if chunk and (len(chunk) >= most or held + size > CHUNK_BYTES):
+            chunks.append(chunk)
+            chunk, held = [], 0
+        chunk.append(task)
+        held += size
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
+def _read_chunk(chunk: list[_Task]) -> list[tuple[int, bytes | None, Any]]:
+    """:func:`_read_one` of each task of ``chunk`` (runs in a pool worker; one message back)."""
+    return [_read_one(task) for task in chunk]
+
+
+def _read_sample_chunk(chunk: list[_Task]) -> list[tuple[int, bytes | None, Any]]:
+    """:func:`_read_sample` of each task of ``chunk`` (runs in a pool worker; one message back)."""
+    return [_read_sample(task) for task in chunk]
+
+
 @contextlib.contextmanager
-def _read_files(tasks: list[_Task], workers: int, dataset: Any = None) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
+def _read_files(tasks: list[_Task], workers: int, dataset: Any = None, sizes: list[int] | None = None,
+                growth: int = 1) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
     """:func:`_read_one` of every task (of ``dataset``: :func:`read_sample`), in order: in this
-    process (``workers=0``) or in a pool of ``workers`` processes.
+    process (``workers=0``) or in a pool of ``workers`` processes, which send them back in chunks (:func:`chunks_of`: by
+    count, and by expected bytes when ``sizes`` gives each task's file size).
 
     Raises:
         SourceError: ``dataset`` cannot be sent to the reader processes (it does not pickle, with a start method that pickles).
@@ -247,8 +296,8 @@ def _read_files(tasks: list[_Task], workers: int, dataset: Any = None) -> Iterat
             _ignore_palette_warning()
             yield map(read, tasks)
         return
-    # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image.
-    chunksize = max(1, min(64, len(tasks) // (4 * workers)))
+    # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image; bounded in bytes too.
+    chunks = chunks_of(tasks, sizes, workers, growth)
     context = multiprocessing.get_context()
     try:
         pool = context.Pool(workers, initializer=_start_reader, initargs=() if dataset is None else (dataset,))
@@ -260,4 +309,24 @@ def _read_files(tasks: list[_Task], workers: int, dataset: Any = None) -> Iterat
             f"{context.get_start_method()!r} pickles it): {exc}. Make it picklable, or build with workers=0."
         ) from exc
     with pool:
-        yield pool.imap(_read_one if dataset is None else _read_sample, tasks, chunksize=chunksize)
+        yield _in_order(pool, _read_chunk if dataset is None else _read_sample_chunk, chunks, AHEAD * workers + 1)
+
+
+#: Chunks a reader process may have read ahead of the writer (per reader): what waits in memory, and what a kill loses beyond
+#: the batch the writer had not committed, is at most ``AHEAD * workers + 1`` chunks.
+AHEAD = 2
+
+
+def _in_order(pool: Any, read: Callable[[list[_Task]], list[Any]], chunks: list[list[_Task]], window: int) -> Iterator[Any]:
+    """The results of ``read`` on every chunk, in order, with at most ``window`` chunks submitted and not yet taken (``imap``
+    would read every chunk ahead of a slower writer and hold all their records in memory)."""
+    pending: collections.deque[Any] = collections.deque()
+    waiting = iter(chunks)
+    for chunk in itertools.islice(waiting, window):
+        pending.append(pool.apply_async(read, (chunk,)))
+    while pending:
+        done = pending.popleft().get()
+        chunk = next(waiting, None)
+        if chunk is not None:
+            pending.append(pool.apply_async(read, (chunk,)))
+        yield from done

@@ -96,7 +96,9 @@ def build(
     meta = _existing_meta(target)  # a target that is not a database is refused before anything is created
     if meta is not None and options.on_stale == "ignore" and not options.overwrite:
         return BuildReport(target, "up-to-date", 0, meta.count, meta.skipped, time.perf_counter() - started)
+    scanned = time.perf_counter()
     scan = scan_source(source_root, options.manifest)
+    scanned = time.perf_counter() - scanned
     target.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(target):
         meta = _existing_meta(target)
@@ -111,5 +113,6 @@ def build(
                 )
             log.warning("%s was built %s; rebuilding it.", target, reason)  # a warning: seen outside Hydra too
         report = _Writer(scan, target, options).run()
+    report.phases = {"scan": scanned, **report.phases}
     report.seconds = time.perf_counter() - started
     return report

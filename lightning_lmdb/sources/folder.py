@@ -3,8 +3,9 @@
 Two layouts are accepted:
 
 * **ImageFolder layout** -- one subfolder per class. Classes, ``class_to_idx``, the file set and the
-  sample order come from torchvision's own ``find_classes`` / ``make_dataset`` /
-  ``IMG_EXTENSIONS``, so they equal ``ImageFolder`` on the same folder.
+  sample order come from copies of torchvision's ``find_classes`` / ``make_dataset`` /
+  ``IMG_EXTENSIONS`` (kept equal by a test; copied so a build imports no torch), so they equal ``ImageFolder``
+  on the same folder.
 * **Flat folder** -- images directly in the folder and no subfolders with images: samples without
   labels (``classes == []``, every target ``-1``).
 
@@ -28,8 +29,6 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension, make_dataset
 
 from lightning_lmdb.errors import NotRegularFileError, OptionError, SourceError
 from lightning_lmdb.sources import masks
@@ -58,6 +57,62 @@ _SHOWN = 5
 #: This source kind's name and what it accepts (:mod:`lightning_lmdb.sources.base`).
 NAME = "folder"
 DESCRIPTION = "an image folder (ImageFolder layout: one subfolder per class, or flat)"
+
+
+#: The file name endings ImageFolder accepts (``torchvision.datasets.folder.IMG_EXTENSIONS``), compared in lower case.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+# find_classes, has_file_allowed_extension and make_dataset are torchvision's (``torchvision.datasets.folder``), copied
+# rather than imported: importing torchvision imports torch, 1.5-3 s of every build's start-up (and all of a short resume's)
+# spent before the first file is read. tests/test_build_cost.py checks they scan exactly as torchvision's own do.
+
+
+def has_file_allowed_extension(filename: str, extensions: str | tuple[str, ...]) -> bool:
+    """Whether ``filename`` ends with one of ``extensions`` (lower case), as torchvision's function of that name."""
+    return filename.lower().endswith(extensions if isinstance(extensions, str) else tuple(extensions))
+
+
+def find_classes(directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
+    """The sorted class folders of ``directory`` and their indices, as torchvision's ``find_classes``.
+
+    Raises:
+        FileNotFoundError: ``directory`` has no subfolder.
+    """
+    found = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
+    if not found:
+        raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+    return found, {name: i for i, name in enumerate(found)}
+
+
+def make_dataset(directory: str | os.PathLike[str], class_to_idx: dict[str, int], extensions: tuple[str, ...]) -> list[tuple[str, int]]:
+    """``(path, class index)`` of every file named like an image in the class folders, in ImageFolder's order (torchvision's
+    ``make_dataset`` with ``extensions``).
+
+    Raises:
+        ValueError: ``class_to_idx`` is empty.
+        FileNotFoundError: A class folder without an image.
+    """
+    directory = os.path.expanduser(directory)
+    if not class_to_idx:
+        raise ValueError("'class_to_index' must have at least one entry to collect any samples.")
+    instances = []
+    available = set()
+    for target_class in sorted(class_to_idx):
+        class_index = class_to_idx[target_class]
+        target_dir = os.path.join(directory, target_class)
+        if not os.path.isdir(target_dir):
+            continue
+        for root, _, fnames in sorted(os.walk(target_dir, followlinks=True)):
+            for fname in sorted(fnames):
+                path = os.path.join(root, fname)
+                if has_file_allowed_extension(path, extensions):
+                    instances.append((path, class_index))
+                    available.add(target_class)
+    empty = set(class_to_idx) - available
+    if empty:
+        raise FileNotFoundError(f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+                                f"Supported extensions are: {', '.join(extensions)}")
+    return instances
 
 
 def accepts(source: object) -> bool:

@@ -64,7 +64,7 @@ def _build(args: argparse.Namespace) -> int:
     what = f"shard {options.shard}/{options.shards}: " if options.shard is not None else ""
     print(
         f"{report.path}: {what}{report.action}, {report.count} records ({report.records_written} written now), "
-        f"{len(report.skipped)} skipped, {report.seconds:.1f} s"
+        f"{len(report.skipped)} skipped, {report.seconds:.1f} s{_phases(report.phases)}"
     )
     noted = _source_notes(report.path) if options.shard is None else ""  # a shard job's part is not a database yet
     if noted:
@@ -84,6 +84,26 @@ def _source_notes(path: os.PathLike[str]) -> str:
     meta = database.load_meta(path)
     counted = getattr(meta, "target_meta", None) or {}
     return ", ".join(f"{counted[key]} {what}" for key, what in _NOTED.items() if isinstance(counted.get(key), int) and counted[key] > 0)
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started (Linux: ``/proc/self/stat``), ``None`` where that cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            started = int(stat.read().rsplit(b")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _phases(phases: dict[str, float]) -> str:
+    """`` (start-up 0.2 s, scan 0.0 s, ...)``: where a build's time went, start-up being the process's before the build began;
+    "" when the build reported no phases (up to date, a sharded build)."""
+    if not phases:
+        return ""
+    age = _process_age()
+    startup = [] if age is None else [("start-up", max(0.0, age - sum(phases.values())))]
+    return " (" + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in [*startup, *phases.items()]) + ")"
 
 
 def build_options(args: argparse.Namespace) -> BuildOptions:
