@@ -200,10 +200,11 @@ def vs_litdata(args: argparse.Namespace) -> None:
     import shutil
 
     workers = args.litdata_workers
-    folders = {f"icons ({args.count})": make_icon_folder(args.dir / f"icons_{args.count}", args.count),
-               f"JPEGs ({args.count})": make_photo_folder(args.dir / f"photos_{args.count}", args.count),
-               f"icons + {args.wallpapers} wallpapers": make_wallpaper_folder(
-                   args.dir / f"icons_walls_{args.count}_{args.wallpapers}", args.count, args.wallpapers)}
+    makers = {"icons": (f"icons ({args.count})", lambda: make_icon_folder(args.dir / f"icons_{args.count}", args.count)),
+              "jpegs": (f"JPEGs ({args.count})", lambda: make_photo_folder(args.dir / f"photos_{args.count}", args.count)),
+              "wallpapers": (f"icons ({args.count}) + {args.wallpapers} wallpapers", lambda: make_wallpaper_folder(
+                  args.dir / f"icons_walls_{args.count}_{args.wallpapers}", args.count, args.wallpapers))}
+    folders = {makers[key][0]: makers[key][1]() for key in args.vs_folders}
     levels = ("full", "reduced", "header")
     here = Path(__file__).resolve()
     tree = here.parent.parent
@@ -263,6 +264,8 @@ def main() -> None:
     parser.add_argument("--vs-litdata", action="store_true", help="LitData optimize vs a build per validation level (see above)")
     parser.add_argument("--litdata-workers", type=int, default=2, help="with --vs-litdata: workers of both builds")
     parser.add_argument("--wallpapers", type=int, default=16, help="with --vs-litdata: large images added to the icons")
+    parser.add_argument("--vs-folders", nargs="+", choices=("icons", "jpegs", "wallpapers"),
+                        default=["icons", "jpegs", "wallpapers"], help="with --vs-litdata: the folders")
     parser.add_argument("--rounds", type=int, default=2, help="with --vs-litdata: rounds (medians are reported)")
     args = parser.parse_args()
     if args.vs_litdata:
