@@ -26,7 +26,6 @@ from torchvision import tv_tensors
 
 from lightning_lmdb.experiment import detection
 from lightning_lmdb.experiment.demo import DETECTION_ANNOTATIONS, make_detection_demo
-from lightning_lmdb.targets import TargetKind, kind_names, register_target_kind
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -92,8 +91,6 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    if "boxes" not in kind_names():  # until the boxes target kind is merged: a stand-in of its name (ToyCNN checks the name)
-        register_target_kind(type("BoxesStandIn", (TargetKind,), {"name": "boxes", "variable_length": True})())
     from lightning_lmdb.experiment.toy_model import ToyCNN
 
     torch.manual_seed(args.seed)

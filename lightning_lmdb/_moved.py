@@ -69,8 +69,8 @@ STABLE: frozenset[str] = frozenset(
 class _Alias(importlib.abc.Loader):
     """Loads an old path as the module already at its new path."""
 
-    def __init__(self, new: str) -> None:
-        self.new = new
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
         self.spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
@@ -80,9 +80,9 @@ class _Alias(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         module.__spec__ = self.spec  # the import system set it to the old path's spec: the module stays its new self
-        old = next(old for old, new in MOVED.items() if new == self.new)
-        if old not in STABLE:
-            warnings.warn(f"{old} moved to {self.new}; import it from there (the old path goes in 0.3)", DeprecationWarning, stacklevel=2)
+        if self.old not in STABLE:
+            warnings.warn(f"{self.old} moved to {self.new}; import it from there (the old path goes in 0.3)", DeprecationWarning,
+                          stacklevel=2)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -92,7 +92,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         new = MOVED.get(fullname)
         if new is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _Alias(new))
+        return importlib.machinery.ModuleSpec(fullname, _Alias(fullname, new))
 
 
 def install() -> None:

@@ -27,25 +27,11 @@ from lightning_lmdb.experiment.demo import (
     make_detection_demo,
 )
 from lightning_lmdb.experiment.target_losses import target_loss
-from lightning_lmdb.targets import TargetKind, kind_names, register_target_kind, unregister_target_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 32
 CLASSES = 3
 COLOURS = ((230, 40, 40), (40, 220, 40), (40, 40, 230))
-
-
-@pytest.fixture(autouse=True)
-def boxes_kind():
-    """The ``boxes`` target kind: the library's once merged, until then a stand-in of its name (``ToyCNN`` checks the name)."""
-    if "boxes" in kind_names():
-        yield
-        return
-    register_target_kind(type("BoxesStandIn", (TargetKind,), {"name": "boxes", "variable_length": True})())
-    try:
-        yield
-    finally:
-        unregister_target_kind("boxes")
 
 
 def toy(**kwargs):
