@@ -76,6 +76,7 @@ def test_reduced_decodes_a_kept_jpeg_at_one_eighth_and_lossy_webp_fully(jpeg: by
     full: list[int] = []
     monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", draft)
     monkeypatch.setattr(storage, "decode_pil", lambda data, **kw: full.append(1) or decoders.decode_pil(data, **kw))
+    monkeypatch.setattr(storage, "decode_opened", lambda image, **kw: full.append(1) or decoders.decode_opened(image, **kw))
     encode_record(jpeg, "auto", validate="reduced")
     assert drafts == [(160 // 8, 120 // 8)] and not full, "one 1/8-scale decode, no full one"
     encode_record(encode(photo(np.random.default_rng(5), 64, 48), "WEBP", quality=80), "auto", validate="reduced")

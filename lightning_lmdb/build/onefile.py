@@ -276,7 +276,7 @@ class _Writer:
         started, nbytes = time.perf_counter(), 0
         sizes = [f.size for f in files[consumed:]]
         growth = 1 if opts["storage"] == "encoded" and opts.get("resize") is None else readers.GROWTH
-        with readers._read_files(tasks, self.workers, dataset, sizes, growth) as results:
+        with readers._read_files(tasks, self.workers, dataset, sizes, growth, shared=True) as results:
             for index, value, digest in results:
                 if value is not None and fitting is not None:  # the entry ends with the record's target
                     misfit = fitting.check(fmt.split_entry(digest)[1])

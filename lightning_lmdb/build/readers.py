@@ -24,7 +24,9 @@ import itertools
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -211,17 +213,18 @@ def read_mask_targets(scan: masks.MaskScan, *, max_pixels: int | None = DEFAULT_
     return record_targets(scan).finish(raws), bad
 
 
-def _start_reader(dataset: Any = None) -> None:
+def _start_reader(dataset: Any = None, shared: str | None = None) -> None:
     """A reader process's start: SIGTERM's default action (the pool's terminate must end it), the palette warning off,
-    and the dataset it reads samples of (``None``: it reads files).
+    the dataset it reads samples of (``None``: it reads files), and the folder its chunks' records cross through
+    (:func:`_handed`; ``None``: through the pipe).
 
     A forked reader inherits its parent's Python SIGTERM handler -- Lightning's, which only sets a flag, or a latency
     mount's -- and a pool that stops early (a bad file, Ctrl-C) would then wait forever for readers that do not end.
     """
-    global _dataset
+    global _dataset, _shared
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _ignore_palette_warning()
-    _dataset = dataset
+    _dataset, _shared = dataset, shared
 
 
 def _ignore_palette_warning() -> None:
@@ -270,22 +273,118 @@ def chunks_of(tasks: list[_Task], sizes: list[int] | None, workers: int, growth:
     return chunks
 
 
-def _read_chunk(chunk: list[_Task]) -> list[tuple[int, bytes | None, Any]]:
-    """:func:`_read_one` of each task of ``chunk`` (runs in a pool worker; one message back)."""
-    return [_read_one(task) for task in chunk]
+def _read_chunk(chunk: list[_Task]) -> Any:
+    """:func:`_read_one` of each task of ``chunk`` (runs in a pool worker; one message back, :func:`_handed`)."""
+    return _handed([_read_one(task) for task in chunk])
 
 
-def _read_sample_chunk(chunk: list[_Task]) -> list[tuple[int, bytes | None, Any]]:
-    """:func:`_read_sample` of each task of ``chunk`` (runs in a pool worker; one message back)."""
-    return [_read_sample(task) for task in chunk]
+#: A chunk whose records hold at least this many bytes crosses to the writer through a file in shared memory (:func:`_handed`).
+SHARED_BYTES = 256 << 10
+#: Where the folders of :func:`_shared_folder` are made (a RAM file system), and how their names start.
+SHARED_ROOT, SHARED_PREFIX = "/dev/shm", "lightning_lmdb-readers-"
+_shared: str | None = None
+_handed_count = itertools.count()
+
+
+def _handed(results: list[tuple[int, bytes | None, Any]]) -> Any:
+    """A reader's chunk of results as it crosses to the writer: the list itself, or -- its records holding at least
+    :data:`SHARED_BYTES` and this reader given a shared folder -- ``(path, [(index, record length or None, entry)])``, the
+    records written one after another to a new file at ``path`` (:func:`_taken` reads them back and removes it).
+
+    A record sent through the pipe is copied five times (pickled, written, read in 64 KiB pieces, joined, unpickled): 0.19 ms
+    of CPU for each 62 KB JPEG on 2 cores, as much again as all the rest beyond the decode. Through the file it is written
+    once and read once. When the file cannot be written (``/dev/shm`` full: a container's is 64 MB), the list goes through
+    the pipe as before.
+    """
+    if _shared is None or sum(len(value) for _, value, _ in results if value) < SHARED_BYTES:
+        return results
+    path = os.path.join(_shared, f"{os.getpid()}-{next(_handed_count)}")
+    try:
+        with open(path, "xb") as out:
+            for _, value, _ in results:
+                if value:
+                    out.write(value)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return results
+    return path, [(index, None if value is None else len(value), entry) for index, value, entry in results]
+
+
+def _taken(handed: Any) -> list[tuple[int, bytes | memoryview | None, Any]]:
+    """The results :func:`_handed` made of a chunk, in the writer: a record that crossed through a file is a view of
+    the file's bytes (read at once, the file removed)."""
+    if isinstance(handed, list):
+        return handed
+    path, entries = handed
+    with open(path, "rb") as held:
+        view = memoryview(held.read())
+    os.unlink(path)
+    results: list[tuple[int, bytes | memoryview | None, Any]] = []
+    at = 0
+    for index, length, entry in entries:
+        if length is None:
+            results.append((index, None, entry))
+        else:
+            results.append((index, view[at:at + length], entry))
+            at += length
+    return results
+
+
+@contextlib.contextmanager
+def _shared_folder() -> Iterator[str | None]:
+    """A new folder under :data:`SHARED_ROOT` for one read's chunks, removed afterwards (``None`` where there is none).
+
+    A writer killed (``SIGKILL``) leaves its folder behind: the next one made removes every such folder whose process is gone.
+    """
+    if not os.path.isdir(SHARED_ROOT) or not os.access(SHARED_ROOT, os.W_OK | os.X_OK):
+        yield None
+        return
+    _remove_orphans()
+    try:
+        folder = tempfile.mkdtemp(prefix=f"{SHARED_PREFIX}{os.getpid()}-", dir=SHARED_ROOT)
+    except OSError:
+        yield None
+        return
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_orphans() -> None:
+    """Remove the folders of :func:`_shared_folder` whose writer process has ended."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(SHARED_ROOT):
+            if not name.startswith(SHARED_PREFIX):
+                continue
+            pid = name[len(SHARED_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(os.path.join(SHARED_ROOT, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def _read_sample_chunk(chunk: list[_Task]) -> Any:
+    """:func:`_read_sample` of each task of ``chunk`` (runs in a pool worker; one message back, :func:`_handed`)."""
+    return _handed([_read_sample(task) for task in chunk])
 
 
 @contextlib.contextmanager
 def _read_files(tasks: list[_Task], workers: int, dataset: Any = None, sizes: list[int] | None = None,
-                growth: int = 1) -> Iterator[Iterator[tuple[int, bytes | None, Any]]]:
+                growth: int = 1, shared: bool = False) -> Iterator[Iterator[tuple[int, bytes | memoryview | None, Any]]]:
     """:func:`_read_one` of every task (of ``dataset``: :func:`read_sample`), in order: in this
     process (``workers=0``) or in a pool of ``workers`` processes, which send them back in chunks (:func:`chunks_of`: by
-    count, and by expected bytes when ``sizes`` gives each task's file size).
+    count, and by expected bytes when ``sizes`` gives each task's file size); with ``shared``, a chunk's records cross
+    through shared memory (:func:`_handed`), and a record may come as a ``memoryview``.
 
     Raises:
         SourceError: ``dataset`` cannot be sent to the reader processes (it does not pickle, with a start method that pickles).
@@ -299,17 +398,18 @@ def _read_files(tasks: list[_Task], workers: int, dataset: Any = None, sizes: li
     # Large chunks keep the single writer process (the bottleneck on few cores) cheap per image; bounded in bytes too.
     chunks = chunks_of(tasks, sizes, workers, growth)
     context = multiprocessing.get_context()
-    try:
-        pool = context.Pool(workers, initializer=_start_reader, initargs=() if dataset is None else (dataset,))
-    except (pickle.PicklingError, TypeError, AttributeError) as exc:
-        if dataset is None:
-            raise
-        raise SourceError(
-            f"The dataset {type(dataset).__qualname__} cannot be sent to the reader processes (start method "
-            f"{context.get_start_method()!r} pickles it): {exc}. Make it picklable, or build with workers=0."
-        ) from exc
-    with pool:
-        yield _in_order(pool, _read_chunk if dataset is None else _read_sample_chunk, chunks, AHEAD * workers + 1)
+    with _shared_folder() if shared else contextlib.nullcontext() as folder:
+        try:
+            pool = context.Pool(workers, initializer=_start_reader, initargs=(dataset, folder))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            if dataset is None:
+                raise
+            raise SourceError(
+                f"The dataset {type(dataset).__qualname__} cannot be sent to the reader processes (start method "
+                f"{context.get_start_method()!r} pickles it): {exc}. Make it picklable, or build with workers=0."
+            ) from exc
+        with pool:
+            yield _in_order(pool, _read_chunk if dataset is None else _read_sample_chunk, chunks, AHEAD * workers + 1)
 
 
 #: Chunks a reader process may have read ahead of the writer (per reader): what waits in memory, and what a kill loses beyond
@@ -325,7 +425,7 @@ def _in_order(pool: Any, read: Callable[[list[_Task]], list[Any]], chunks: list[
     for chunk in itertools.islice(waiting, window):
         pending.append(pool.apply_async(read, (chunk,)))
     while pending:
-        done = pending.popleft().get()
+        done = _taken(pending.popleft().get())
         chunk = next(waiting, None)
         if chunk is not None:
             pending.append(pool.apply_async(read, (chunk,)))

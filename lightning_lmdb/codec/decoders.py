@@ -321,20 +321,30 @@ def decode_pil(
         ImageDecodeError: Not an image, truncated or corrupt, or over ``max_pixels``.
     """
     with open_checked(data, max_pixels=max_pixels, name=name) as img:
-        width, height = img.size
-        reduced = None
-        if decode_size and img.format == "JPEG":  # the largest 1/k scale that keeps both sides >= 2 * decode_size
-            drafted = img.draft(None, (_MARGIN * decode_size, _MARGIN * decode_size))
-            if drafted is not None:  # its box: the image's exact span, (0, 0, width / k, height / k)
-                reduced = Reduced(round(width / drafted[1][2]), height, width)
-        try:
-            return _mark_reduced(img.convert("RGB"), reduced)
-        except Image.DecompressionBombError as exc:
-            raise ImageDecodeError(name, f"{exc} Pillow's own limit for this format (2 x PIL.Image.MAX_IMAGE_PIXELS) applies even "
-                                         "with max_pixels=None: convert the image to PNG, or raise PIL.Image.MAX_IMAGE_PIXELS in "
-                                         "your script.") from exc
-        except (OSError, SyntaxError, ValueError, EOFError) as exc:
-            raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
+        return decode_opened(img, name=name, decode_size=decode_size)
+
+
+def decode_opened(img: Image.Image, *, name: str = "<bytes>", decode_size: int | None = None) -> Image.Image:
+    """:func:`decode_pil` of an image :func:`open_checked` opened (its header checked, no pixel decoded yet): the caller
+    that needs the header first opens the file once. The caller still closes ``img``.
+
+    Raises:
+        ImageDecodeError: Truncated or corrupt.
+    """
+    width, height = img.size
+    reduced = None
+    if decode_size and img.format == "JPEG":  # the largest 1/k scale that keeps both sides >= 2 * decode_size
+        drafted = img.draft(None, (_MARGIN * decode_size, _MARGIN * decode_size))
+        if drafted is not None:  # its box: the image's exact span, (0, 0, width / k, height / k)
+            reduced = Reduced(round(width / drafted[1][2]), height, width)
+    try:
+        return _mark_reduced(img.convert("RGB"), reduced)
+    except Image.DecompressionBombError as exc:
+        raise ImageDecodeError(name, f"{exc} Pillow's own limit for this format (2 x PIL.Image.MAX_IMAGE_PIXELS) applies even "
+                                     "with max_pixels=None: convert the image to PNG, or raise PIL.Image.MAX_IMAGE_PIXELS in "
+                                     "your script.") from exc
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
 
 
 def open_checked(data: bytes | memoryview, *, max_pixels: int | None = DEFAULT_MAX_PIXELS, name: str = "<bytes>") -> Image.Image:

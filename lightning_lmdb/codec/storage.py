@@ -73,7 +73,16 @@ import numpy as np
 from PIL import Image
 
 from lightning_lmdb.codec import zstd
-from lightning_lmdb.codec.decoders import DEFAULT_MAX_PIXELS, ImageDecodeError, decode, decode_pil, hwc_to_tensor, open_checked, returns_pil
+from lightning_lmdb.codec.decoders import (
+    DEFAULT_MAX_PIXELS,
+    ImageDecodeError,
+    decode,
+    decode_opened,
+    decode_pil,
+    hwc_to_tensor,
+    open_checked,
+    returns_pil,
+)
 from lightning_lmdb.codec.imageinfo import ImageInfo, read_info
 from lightning_lmdb.errors import OptionError, RecordError
 
@@ -432,11 +441,10 @@ def encode_record(
         return mode.encode(data, decode_pil(data, max_pixels=max_pixels, name=name), resize, quality)
     check_validate(validate)
     with open_checked(data, max_pixels=max_pixels, name=name) as opened:  # the header, the bomb check: no pixel decoded
-        size = opened.size
-    image = _PixelsOnDemand(data, size, max_pixels, name)
-    codec, value = mode.encode(data, cast(Image.Image, image), resize, quality)
-    if image.decoded is None and validate == "reduced":  # the record kept the file's bytes: the reduced check
-        validate_file(data, "reduced", max_pixels=max_pixels, name=name)
+        image = _PixelsOnDemand(data, opened.size, max_pixels, name, opened)
+        codec, value = mode.encode(data, cast(Image.Image, image), resize, quality)
+        if image.decoded is None and validate == "reduced":  # the record kept the file's bytes: the reduced check
+            _check_reduced(opened, name)
     return codec, value
 
 
@@ -462,18 +470,30 @@ def validate_file(data: bytes | memoryview, validate: Validate, *, max_pixels: i
         OptionError: ``validate`` is not one of :data:`VALIDATE_LEVELS`.
     """
     check_validate(validate)
+    if validate == "full":
+        decode_pil(data, max_pixels=max_pixels, name=name).close()
+        return
     with open_checked(data, max_pixels=max_pixels, name=name) as image:
-        if validate == "header":
-            return
-        if validate == "reduced" and image.format == "JPEG":
-            width, height = image.size
-            image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
-            try:
-                image.load()
-            except (OSError, SyntaxError, ValueError, EOFError) as exc:
-                raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
-            return
-    decode_pil(data, max_pixels=max_pixels, name=name).close()
+        if validate == "reduced":
+            _check_reduced(image, name)
+
+
+def _check_reduced(image: Image.Image, name: str) -> None:
+    """``validate="reduced"`` of ``image``, opened from ``data`` by :func:`open_checked` (its header checked): a JPEG decoded
+    at 1/8 scale (``Image.draft``: every entropy-coded byte walked), any other format decoded fully.
+
+    Raises:
+        ImageDecodeError: Truncated or corrupt.
+    """
+    if image.format != "JPEG":
+        decode_opened(image, name=name).close()
+        return
+    width, height = image.size
+    image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+    try:
+        image.load()
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageDecodeError(name, f"corrupt or truncated image ({exc}). Remove or replace the file.") from exc
 
 
 class _PixelsOnDemand:
@@ -484,15 +504,17 @@ class _PixelsOnDemand:
     the image ``"full"`` gives it. ``decoded`` says which happened.
     """
 
-    def __init__(self, data: bytes, size: tuple[int, int], max_pixels: int | None, name: str) -> None:
+    def __init__(self, data: bytes, size: tuple[int, int], max_pixels: int | None, name: str,
+                 opened: Image.Image | None = None) -> None:
         self.size = size
         self.decoded: Image.Image | None = None
-        self._data, self._max_pixels, self._name = data, max_pixels, name
+        self._data, self._max_pixels, self._name, self._opened = data, max_pixels, name, opened
 
     def image(self) -> Image.Image:
-        """The decoded RGB image (decoded on the first call)."""
+        """The decoded RGB image (decoded on the first call: from the image :func:`open_checked` gave, when given it)."""
         if self.decoded is None:
-            self.decoded = decode_pil(self._data, max_pixels=self._max_pixels, name=self._name)
+            self.decoded = (decode_pil(self._data, max_pixels=self._max_pixels, name=self._name) if self._opened is None
+                            else decode_opened(self._opened, name=self._name))
         return self.decoded
 
     @property
