@@ -224,7 +224,36 @@ def _start_reader(dataset: Any = None, shared: str | None = None) -> None:
     global _dataset, _shared
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _ignore_palette_warning()
+    keep_freed_memory()
     _dataset, _shared = dataset, shared
+
+
+#: ``mallopt`` settings of :func:`keep_freed_memory`: ``M_MMAP_THRESHOLD`` (glibc's largest), ``M_TRIM_THRESHOLD``, ``M_TOP_PAD``.
+_MALLOPT = ((-3, 32 << 20), (-1, 256 << 20), (-2, 64 << 20))
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's ``malloc`` keep the memory a build frees for its next allocations, in this process (Linux only).
+
+    A build allocates and frees the same large buffers over and over: a chunk of records (megabytes), each record's bytes,
+    LMDB's dirty pages. By default glibc returns a freed chunk of a few megabytes to the kernel (``munmap``, or a trim of the
+    heap's top) and the next one faults in and zeroes fresh pages: 0.04-0.07 ms of kernel time per 62 KB JPEG, a fifth of all
+    a build spends beyond the decode. Called in every reader process and by the CLI; never in a process of the caller's own
+    (``build_lmdb`` in a training script), whose allocator settings are its own.
+
+    Returns:
+        Whether the settings took (``False`` off glibc).
+    """
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return all(mallopt(option, value) == 1 for option, value in _MALLOPT)
 
 
 def _ignore_palette_warning() -> None:

@@ -384,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="surrogateescape")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = make_parser().parse_args(argv)
+    if args.command == "build":
+        from lightning_lmdb.build.readers import keep_freed_memory
+
+        keep_freed_memory()  # this process is ours: see the function
     try:
         with _interrupt_only_this_process():
             return args.func(args)
