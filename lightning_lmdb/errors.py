@@ -13,7 +13,8 @@ from __future__ import annotations
 
 __all__ = ["LightningLMDBError", "OptionError", "SourceError", "ResumeError", "BuildError", "DiskFullError", "CacheDirError",
            "DatabaseError", "StaleDatabaseError", "RecordError", "ImageDecodeError", "NotRegularFileError", "StagingError",
-           "NetfsError", "NetfsUnavailableError"]
+           "NetfsError", "NetfsUnavailableError", "RemoteError", "RemoteNotFoundError", "RemoteAccessError", "RemoteChangedError",
+           "RemoteExistsError", "RemoteIncompleteError"]
 
 
 class LightningLMDBError(Exception):
@@ -91,3 +92,27 @@ class NetfsError(LightningLMDBError, RuntimeError):
 
 class NetfsUnavailableError(NetfsError):
     """FUSE cannot be used here: the message says what is missing and what to install."""
+
+
+class RemoteError(LightningLMDBError, OSError):
+    """Object storage failed (a connection that kept dropping, an unexpected answer); the message names the redacted URL."""
+
+
+class RemoteNotFoundError(RemoteError):
+    """No such bucket or object."""
+
+
+class RemoteAccessError(RemoteError):
+    """Object storage refused the request: credentials or permissions."""
+
+
+class RemoteChangedError(RemoteError):
+    """An object changed since it was listed (its ``If-Match`` ETag precondition failed)."""
+
+
+class RemoteExistsError(RemoteError):
+    """A write only-if-absent found the object there: another publisher got there first."""
+
+
+class RemoteIncompleteError(RemoteError):
+    """A remote database without its marker object, or whose parts do not match it: an upload that did not finish."""

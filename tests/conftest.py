@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from ci import small_tmpfs
 from imagegen import make_folder
+from s3kit import s3  # noqa: F401  -- the loopback S3 server fixture
 
 # A suite started in the background of a non-interactive shell (``cmd &``, nohup) inherits SIGINT
 # ignored, and so would every process it starts: the Ctrl-C tests would see nothing interrupted.

@@ -17,6 +17,7 @@ LAYERS = (
     "deprecated",
     "jsonfields",
     "pathtable",
+    "remote",
     "codec",
     "targets",
     "sources",
