@@ -416,7 +416,7 @@ def test_checkpoint_hyperparameters_are_plain_and_load_weights_only(tmp_path: Pa
     dm = LMDBDataModule(source, cache_dir=tmp_path / "cache", image_size=8, batch_size=4, build_workers=0, num_workers=0,
                         train_transform=eval_transform(8), eval_transform=eval_transform(8))
     given = {name for name in inspect.signature(LMDBDataModule.__init__).parameters if name != "self"}
-    assert set(dm.hparams) == given - {"train_transform", "eval_transform"}
+    assert set(dm.hparams) == given - {"train_transform", "eval_transform", "storage_options"}, "storage_options: never saved"
     assert dm.hparams["train_dir"] == str(source) and dm.hparams["cache_dir"] == str(tmp_path / "cache")
     assert dm.hparams["val_fraction"] is None, "the arguments as given (automatic), not as resolved"
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)

@@ -43,6 +43,8 @@ from lightning_lmdb.options import BuildOptions, OnError, OnStale, Storage, Vali
 from lightning_lmdb.read import transforms
 from lightning_lmdb.read.dataset import ImageDatasetBase, LMDBImageDataset, available_memory
 from lightning_lmdb.read.sampler import ResumableDataLoader, Shuffle
+from lightning_lmdb.remote import fs as remote_fs
+from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources.base import SourceOptions
 from lightning_lmdb.store import envs
 
@@ -175,6 +177,10 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
             node; checked block by block against the source, resumed after a kill, skipped
             when the copy is current: :mod:`lightning_lmdb.tools.staging`) and the loaders read the copy, not the
             shared or network storage of ``cache_dir``. ``None``: read the databases where they are built.
+        storage_options: Options of the object storage the ``s3://...`` sources and databases are on (``fsspec`` / ``s3fs``
+            keyword arguments: ``endpoint_url`` for MinIO, ``key`` / ``secret``, ``anon``; see docs/object-storage.md).
+            ``None``: the provider's standard environment and config files. Kept in memory only: never saved in the
+            hyper-parameters (``hparams.yaml``, checkpoints), logged or printed.
 
     Raises:
         ValueError: A choice that is not one of its valid values, or an out-of-range number (named, with the
@@ -227,8 +233,14 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         shared_filesystem: bool = False,
         local_cache_dir: str | os.PathLike[str] | None = None,
         validate: Validate = BuildOptions.validate,
+        storage_options: Mapping[str, Any] | None = None,
     ):
         super().__init__()
+        #: The object-storage options (in memory only: never a hyper-parameter, see ``storage_options`` above).
+        self.storage_options: dict[str, Any] = dict(storage_options or {})
+        for given in (train_dir, val_dir, test_dir, cache_dir, local_cache_dir):
+            if is_remote(given):
+                remote_fs.use_options(given, self.storage_options)  # type: ignore[arg-type]
         check_choices(backend=backend, multiprocessing_context=multiprocessing_context, decoder=decoder, decode_device=decode_device,
                       shuffle=shuffle, decode_size=decode_size, finish_on_device=finish_on_device)
         check_data((train_dir, val_dir, test_dir), val_fraction, test_fraction)
@@ -241,7 +253,8 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         train_dir, val_dir, test_dir = (plain_source(d, options_given) for d in data)
         cache_dir, local_cache_dir = (None if d is None else os.fspath(d) for d in (cache_dir, local_cache_dir))
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-        self.save_hyperparameters(ignore=["train_transform", "eval_transform"], logger=False)  # checkpoints only, as the model's are logged
+        # checkpoints only, as the model's are logged; storage_options may hold secrets: never saved
+        self.save_hyperparameters(ignore=["train_transform", "eval_transform", "storage_options"], logger=False)
         #: Each split's source: a folder, manifest or database (resolved), or a Dataset, or ``None`` (formerly ``dirs``).
         self.sources: dict[str, Path | Any] = given_sources
         if val_fraction is None:
