@@ -35,8 +35,9 @@ from tqdm import tqdm
 
 from lightning_lmdb.build import readers
 from lightning_lmdb.codec import storage as codec
-from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, SourceError
+from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, RemoteError, SourceError
 from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.remote import urls
 from lightning_lmdb.sources import masks
 from lightning_lmdb.sources.base import PrefixFingerprint, SourceFile, SourceScan
 from lightning_lmdb.sources.dataset import FoundTargets
@@ -200,7 +201,8 @@ class _Writer:
         """Skips for the scan's non-regular files (FIFOs, sockets, devices), or a BuildError with ``on_error="raise"``."""
         if self.scan.special and self.on_error == "raise":
             path, reason = self.scan.special[0]
-            raise BuildError(f"{self.scan.root / path}: {reason}\nFix or remove it, or {_SKIP_HINT}.")
+            where = urls.join(self.scan.root, path) if urls.is_remote(self.scan.root) else self.scan.root / path
+            raise BuildError(f"{urls.redact(str(where))}: {reason}\nFix or remove it, or {_SKIP_HINT}.")
         return [{"path": path, "reason": reason} for path, reason in self.scan.special]
 
     def _finished_partial(self) -> fmt.Metadata | None:
@@ -269,13 +271,30 @@ class _Writer:
             fitting = readers.record_targets(self.scan)
             for target in self._committed_targets(env, dbs[1]):
                 fitting.check(target)
-        batch: list[tuple[bytes, bytes, str]] = []
-        batch_bytes = 0
         bar = tqdm(total=len(files), initial=consumed, unit="img", desc=f"build {self.target.name}", disable=not self.progress,
                    dynamic_ncols=True, position=self.line)
         started, nbytes = time.perf_counter(), 0
         sizes = [f.size for f in files[consumed:]]
         growth = 1 if opts["storage"] == "encoded" and opts.get("resize") is None else readers.GROWTH
+        done = consumed  # the files read and handled so far (committed with the batch when object storage fails)
+        try:
+            self._fill_from(tasks, dataset, sizes, growth, env, dbs, skipped, fitting, bar, next_record, started, nbytes, done)
+        except RemoteError as exc:  # an object changed since the scan (or storage failed): what was read before it is kept
+            self._commit(env, dbs, self._pending, self._done, skipped)
+            bar.close()
+            raise type(exc)(f"{exc} Nothing was lost: the {_plural(self._done, 'file')} before it "
+                            f"{'is' if self._done == 1 else 'are'} committed and a rerun resumes there.") from exc
+        self._commit(env, dbs, self._pending, len(files), skipped)
+        bar.close()
+
+    def _fill_from(self, tasks: list[Any], dataset: Any, sizes: list[int], growth: int, env: lmdb.Environment, dbs: tuple[Any, Any],
+                   skipped: list[dict[str, str]], fitting: Any, bar: Any, next_record: int, started: float, nbytes: int,
+                   done: int) -> None:
+        files = self.scan.files
+        batch: list[tuple[bytes, bytes, str]] = []
+        batch_bytes = 0
+        self._pending: list[tuple[bytes, bytes, str]] = batch
+        self._done = done
         with readers._read_files(tasks, self.workers, dataset, sizes, growth, shared=True) as results:
             for index, value, digest in results:
                 if value is not None and fitting is not None:  # the entry ends with the record's target
@@ -302,13 +321,13 @@ class _Writer:
                     batch_bytes += len(value)
                     nbytes += len(value)
                 bar.update(1)
+                self._done = index + 1
                 if len(batch) >= self.commit_every or batch_bytes >= _BATCH_BYTES:
                     self._commit(env, dbs, batch, index + 1, skipped)
                     batch, batch_bytes = [], 0
+                    self._pending = batch
                     elapsed = max(time.perf_counter() - started, 1e-9)
                     bar.set_postfix_str(f"{nbytes / elapsed / 1e6:.1f} MB/s")
-        self._commit(env, dbs, batch, len(files), skipped)
-        bar.close()
 
     def _commit(
         self, env: lmdb.Environment, dbs: tuple[Any, Any], batch: list[tuple[bytes, bytes, bytes]], consumed: int,
@@ -418,7 +437,7 @@ class _Writer:
             class_to_idx=class_to_idx,
             checksum=fmt.CHECKSUM_ALGO,
             source=fmt.SourceInfo(
-                root=str(self.scan.root), num_files=len(self.scan.files) + len(self.scan.special),
+                root=_shown_root(self.scan.root), num_files=len(self.scan.files) + len(self.scan.special),
                 bytes=self.scan.total_bytes, fingerprint=self.scan.fingerprint(),
             ),
             options={**self.options, "on_error": self.on_error,
@@ -455,6 +474,11 @@ class _Writer:
         self._write(env, write, pending=meta.count * 64 + 65536)  # the arrays: ~40 bytes a record, plus the header
         env.sync(True)
         return len(kept)
+
+
+def _shown_root(root: Any) -> str:
+    """The source's root as the metadata records it: the folder, or a URL redacted (never a credential in it)."""
+    return urls.redact(str(root)) if urls.is_remote(root) else str(root)
 
 
 def _check_mask_build(scan: masks.MaskScan, options: BuildOptions, shard: fmt.ShardInfo | None) -> None:

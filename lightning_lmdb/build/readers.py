@@ -33,7 +33,10 @@ from typing import Any
 
 from lightning_lmdb.codec.decoders import decode_pil
 from lightning_lmdb.codec.storage import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record, storage_mode
-from lightning_lmdb.errors import SourceError
+from lightning_lmdb.errors import RemoteError, RemoteNotFoundError, SourceError
+from lightning_lmdb.remote import fs as remote_fs
+from lightning_lmdb.remote import objects
+from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.sources import masks
 from lightning_lmdb.sources.base import NotRegularFileError, SourceFile, SourceScan, read_file
@@ -53,8 +56,10 @@ def available_cores() -> int:
     return len(usable_cpus())
 
 
-#: One file to read: (index, path, storage or "check", max_pixels, resize, quality[, validate]); for a dataset source, the sample's
-#: index as text in place of the path; for an image with a mask, then (mask path, ignore_index, num_classes or None).
+#: One file to read: (index, path, storage or "check", max_pixels, resize, quality[, validate[, etag]]); for a dataset source, the
+#: sample's index as text in place of the path; for an image with a mask, then (mask path, ignore_index, num_classes or None).
+#: An object of object storage (its path a URL) carries the ETag its listing gave (fetched only while it still has it); a local
+#: file's task is as it always was.
 _Task = tuple[Any, ...]
 #: The dataset a reader process reads samples of (set by :func:`_start_reader`; ``None`` when it reads files).
 _dataset: Any = None
@@ -77,7 +82,9 @@ def tasks_of(scan: SourceScan, storage: str, max_pixels: int | None, resize: int
     head = (storage, max_pixels, resize, quality)
     if not isinstance(scan, masks.MaskScan):
         tail = (validate,) if dataset is None else ()
-        return [(i, key(scan.files[i]), *head, *tail) for i in range(start, len(scan.files))]
+        files = scan.files
+        return [(i, key(files[i]), *head, *tail, files[i].etag) if dataset is None and files[i].etag else (i, key(files[i]), *head, *tail)
+                for i in range(start, len(files))]
     limit = len(scan.classes) if scan.classes else scan.num_classes
     return [(i, f.path, *head, f.mask, scan.ignore_index, limit) for i, f in enumerate(scan.files[start:], start)]
 
@@ -95,21 +102,32 @@ def _relpath_of(file: SourceFile) -> str:
     return file.relpath
 
 
-def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
-    """Read, fully decode and checksum one file (runs in a pool worker).
+def _read_one(task: _Task, data: bytes | None = None) -> tuple[int, bytes | None, Any]:
+    """Read, fully decode and checksum one file (runs in a pool worker); ``data``: its bytes, fetched already.
 
     Returns:
         ``(index, value, entry)`` (``entry``: :func:`lightning_lmdb.store.format.progress_entry`, the digest and the
         record codec), or ``(index, None, reason)`` for a bad file.
+
+    Raises:
+        RemoteError: An object that changed since the scan listed it (:class:`~lightning_lmdb.errors.RemoteChangedError`), or
+            object storage that failed (access, connection): the build stops there, naming it, never skips it.
     """
     index, path, storage, max_pixels, resize, quality = task[:6]
-    try:
-        data = read_file(path)
-    except NotRegularFileError as exc:
-        return index, None, exc.reason
-    except OSError as exc:
-        return index, None, _unreadable(exc, path, "the file")
-    if len(task) > 7:
+    if data is None:
+        try:
+            data = read_file(path, _etag_of(task))
+        except NotRegularFileError as exc:
+            return index, None, exc.reason
+        except RemoteNotFoundError as exc:
+            if _etag_of(task):  # listed by the scan, gone since: a change, not a bad file
+                raise
+            return index, None, f"cannot read the object: {exc}"
+        except RemoteError:
+            raise
+        except OSError as exc:
+            return index, None, _unreadable(exc, path, "the file")
+    if len(task) > 8:
         return _read_pair(task, data)
     try:
         if storage == "check":  # validation only (find_bad_files)
@@ -120,6 +138,32 @@ def _read_one(task: _Task) -> tuple[int, bytes | None, Any]:
     except ImageDecodeError as exc:
         return index, None, exc.reason
     return index, value, fmt.progress_entry(value, codec)
+
+
+def _etag_of(task: _Task) -> str | None:
+    """The ETag an object's task carries (:func:`tasks_of`), else ``None``."""
+    return task[7] if len(task) == 8 else None
+
+
+def _fetched(chunk: list[_Task]) -> list[bytes | None]:
+    """The bytes of the chunk's objects of object storage, fetched together (:func:`lightning_lmdb.remote.objects.read_many`,
+    :data:`FETCH_CONCURRENCY` at once: a build is not bound by each request's latency); ``None`` for a local file (read by
+    :func:`_read_one`). When any fetch fails, every object is left to :func:`_read_one`, which names the one that failed."""
+    wanted = [k for k, task in enumerate(chunk) if len(task) > 1 and is_remote(task[1]) and len(task) <= 8]
+    found: list[bytes | None] = [None] * len(chunk)
+    if len(wanted) < 2:
+        return found
+    try:
+        datas = objects.read_many([(chunk[k][1], _etag_of(chunk[k]), None, None) for k in wanted], concurrency=FETCH_CONCURRENCY)
+    except RemoteError:
+        return found
+    for k, data in zip(wanted, datas, strict=True):
+        found[k] = data
+    return found
+
+
+#: Objects of one chunk a reader process fetches at once.
+FETCH_CONCURRENCY = 32
 
 
 def _unreadable(exc: OSError, path: str, what: str) -> str:
@@ -135,7 +179,7 @@ def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
     """:func:`_read_one` of an image with a mask (``data``: the image file's bytes): the record :func:`lightning_lmdb.sources.masks.pack`
     makes of both, its entry :func:`lightning_lmdb.store.format.record_entry` with the classes the mask holds (with ``"check"``:
     ``b""`` and those classes); or ``(index, None, reason)``, the reason naming the mask when it is the mask that is bad."""
-    index, path, storage, max_pixels, resize, quality, mask_path, ignore_index, num_classes = task
+    index, path, storage, max_pixels, resize, quality, mask_path, ignore_index, num_classes = task[:9]
     try:
         image = decode_pil(data, max_pixels=max_pixels, name=path)
         codec, value = storage_mode(storage).encode(data, image, resize, quality) if storage != "check" else (0, b"")
@@ -213,10 +257,11 @@ def read_mask_targets(scan: masks.MaskScan, *, max_pixels: int | None = DEFAULT_
     return record_targets(scan).finish(raws), bad
 
 
-def _start_reader(dataset: Any = None, shared: str | None = None) -> None:
+def _start_reader(dataset: Any = None, shared: str | None = None, storage: dict[str, dict[str, Any]] | None = None) -> None:
     """A reader process's start: SIGTERM's default action (the pool's terminate must end it), the palette warning off,
-    the dataset it reads samples of (``None``: it reads files), and the folder its chunks' records cross through
-    (:func:`_handed`; ``None``: through the pipe).
+    the dataset it reads samples of (``None``: it reads files), the folder its chunks' records cross through
+    (:func:`_handed`; ``None``: through the pipe), and its parent's object-storage options
+    (:func:`lightning_lmdb.remote.fs.registered`: in memory, through the pool's initializer, never on disk).
 
     A forked reader inherits its parent's Python SIGTERM handler -- Lightning's, which only sets a flag, or a latency
     mount's -- and a pool that stops early (a bad file, Ctrl-C) would then wait forever for readers that do not end.
@@ -226,6 +271,7 @@ def _start_reader(dataset: Any = None, shared: str | None = None) -> None:
     _ignore_palette_warning()
     keep_freed_memory()
     _dataset, _shared = dataset, shared
+    remote_fs.adopt(storage)
 
 
 #: ``mallopt`` settings of :func:`keep_freed_memory`: ``M_MMAP_THRESHOLD`` (glibc's largest), ``M_TRIM_THRESHOLD``, ``M_TOP_PAD``.
@@ -304,7 +350,7 @@ def chunks_of(tasks: list[_Task], sizes: list[int] | None, workers: int, growth:
 
 def _read_chunk(chunk: list[_Task]) -> Any:
     """:func:`_read_one` of each task of ``chunk`` (runs in a pool worker; one message back, :func:`_handed`)."""
-    return _handed([_read_one(task) for task in chunk])
+    return _handed([_read_one(task, data) for task, data in zip(chunk, _fetched(chunk), strict=True)])
 
 
 #: A chunk whose records hold at least this many bytes crosses to the writer through a file in shared memory (:func:`_handed`).
@@ -429,7 +475,7 @@ def _read_files(tasks: list[_Task], workers: int, dataset: Any = None, sizes: li
     context = multiprocessing.get_context()
     with _shared_folder() if shared else contextlib.nullcontext() as folder:
         try:
-            pool = context.Pool(workers, initializer=_start_reader, initargs=(dataset, folder))
+            pool = context.Pool(workers, initializer=_start_reader, initargs=(dataset, folder, remote_fs.registered()))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             if dataset is None:
                 raise

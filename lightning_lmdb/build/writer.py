@@ -29,6 +29,7 @@ from lightning_lmdb.build.readers import _start_reader, available_cores, find_ba
 from lightning_lmdb.build.sharded import build_shards
 from lightning_lmdb.errors import BuildError, DiskFullError, OptionError, StaleDatabaseError
 from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources.base import scan_source
 from lightning_lmdb.store import database
 
@@ -79,8 +80,11 @@ def build(
     """Like :func:`build_lmdb`, returning a :class:`BuildReport` of what was done."""
     started = time.perf_counter()
     options = (options or BuildOptions()).replace(**overrides) if overrides else (options or BuildOptions())
-    if isinstance(source, (str, os.PathLike)):
-        source_root: Any = Path(source).expanduser().resolve()
+    if is_remote(source):  # object storage (s3://bucket/train/): a URL, never a Path; the target is local
+        source_root: Any = source
+        target = Path(target).expanduser().absolute()
+    elif isinstance(source, (str, os.PathLike)):
+        source_root = Path(source).expanduser().resolve()
         target = _checked_target(source_root, target)
     else:  # a dataset (lightning_lmdb.sources.dataset): nothing on disk to keep the target out of
         source_root, target = source, Path(target).expanduser().absolute()

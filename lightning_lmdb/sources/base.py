@@ -54,6 +54,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from lightning_lmdb.deprecated import renamed_class
 from lightning_lmdb.errors import NotRegularFileError, OptionError
+from lightning_lmdb.remote.urls import is_remote, redact
 from lightning_lmdb.targets.base import NO_TARGET, Target, kind_names, unknown_kind  # noqa: F401  (NO_TARGET, Target: re-exported)
 
 #: What a sample's target is: ``"class"`` (an index into the classes), ``"multilabel"`` (a set of class indices, served as a
@@ -173,8 +174,6 @@ class SourceOptions:
 ManifestOptions = renamed_class(SourceOptions, "ManifestOptions")
 
 
-def _as_source(source: Any) -> Any:
-    return Path(source).expanduser() if isinstance(source, (str, os.PathLike)) else source
 
 
 @runtime_checkable
@@ -302,6 +301,9 @@ def __getattr__(name: str) -> Any:
 
 
 def _as_source(source: Any) -> Any:
+    """A path-like source as a ``Path``; a URL (``s3://bucket/prefix``) stays its string (a ``Path`` would make it ``s3:/``)."""
+    if is_remote(source):
+        return source
     return Path(source).expanduser() if isinstance(source, (str, os.PathLike)) else source
 
 
@@ -384,8 +386,8 @@ def _kind_or_raise(source: Any) -> Any:
     if kind is None:
         reason = unknown_reason(source)
         what = "" if reason.startswith("does not exist") else "is not a known source: "
-        raise FileNotFoundError(f"Source {str(source)!r} {what}{reason} Pass the folder that holds your images, or a manifest listing "
-                                "them.")
+        raise FileNotFoundError(f"Source {redact(str(source))!r} {what}{reason} Pass the folder that holds your images, or a manifest "
+                                "listing them.")
     return kind
 
 
@@ -393,6 +395,11 @@ def unknown_reason(source: Any) -> str:
     """Why no kind accepts ``source``: a sentence that lists what the registered kinds accept (:func:`describe_kinds`), either
     ``"does not exist; a source is one of: ..."`` (to follow the path's name) or ``"it is a file that is none of: ..."``."""
     given = _as_source(source)
+    if is_remote(given):
+        return (f"is a URL of object storage that is none of: {describe_kinds(paths_only=True)}. Under {given.split('://', 1)[0]}:// a "
+                "source is a prefix (an ImageFolder-layout or flat folder of images, e.g. s3://bucket/train/) or a CSV / TSV / JSON "
+                "Lines manifest; COCO, YOLO and Pascal VOC sources are not supported for object storage yet (copy them to a "
+                "local folder).")
     if not isinstance(given, Path):
         what = f"it is a {type(given).__name__}, which is none of"
     elif not given.exists():
@@ -433,6 +440,8 @@ class SourceFile:
         mask: Absolute path of its segmentation mask file (target kind ``"mask"``), ``""`` without one.
         mask_size: The mask file's size in bytes at scan time.
         mask_mtime_ns: The mask file's modification time in nanoseconds at scan time.
+        etag: An object's ETag as its listing gave it (object storage: ``path`` is a URL, ``mtime_ns`` is 0, and the size
+            with the ETag say whether it changed; it is fetched only while it still has this ETag); ``""`` for a local file.
     """
 
     path: str
@@ -445,6 +454,7 @@ class SourceFile:
     mask: str = ""
     mask_size: int = 0
     mask_mtime_ns: int = 0
+    etag: str = ""
 
 
 @dataclass(frozen=True)
@@ -531,7 +541,8 @@ class PrefixFingerprint:
             split = f"\0{f.split}" if f.split else ""
             where = f.mask[len(self._root):] if self._root and f.mask.startswith(self._root) else f.mask
             mask = f"\0{where}\0{f.mask_size}\0{f.mask_mtime_ns}" if f.mask else ""
-            self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}{split}{mask}\n".encode("utf-8", "surrogatepass"))
+            etag = f"\0etag {f.etag}" if f.etag else ""  # an object's; a local file has none (its fingerprint is as before)
+            self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}{split}{mask}{etag}\n".encode("utf-8", "surrogatepass"))
         self._done = max(self._done, stop)
         return self._digest.copy().hexdigest()
 
@@ -542,16 +553,22 @@ def not_regular_reason(mode: int) -> str:
     return f"is {kind}, not an image file; it is never opened (reading it could block forever). Remove it or rename it."
 
 
-def read_file(path: str | os.PathLike[str]) -> bytes:
-    """Read a whole image file, refusing anything but a regular file without ever blocking on it.
+def read_file(path: str | os.PathLike[str], etag: str | None = None) -> bytes:
+    """Read a whole image file, refusing anything but a regular file without ever blocking on it; or an object.
 
     The file is opened with ``O_NONBLOCK`` (so a FIFO does not wait for a writer) and checked with
-    ``fstat`` before any read.
+    ``fstat`` before any read. A URL (``s3://bucket/key``) is one GET of the object
+    (:func:`lightning_lmdb.remote.objects.read`), with ``etag`` (the one its listing gave) as its ``If-Match`` precondition.
 
     Raises:
         NotRegularFileError: A FIFO, socket, device or folder.
-        OSError: It cannot be opened or read.
+        RemoteChangedError: The object's ETag is no longer ``etag`` (it changed since the scan listed it).
+        OSError: It cannot be opened or read (:class:`~lightning_lmdb.errors.RemoteError` for an object).
     """
+    if is_remote(path):
+        from lightning_lmdb.remote import objects
+
+        return objects.read(path, etag=etag or None)  # type: ignore[arg-type]
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)

@@ -27,11 +27,15 @@ folder must be among them, and a class without a folder has no samples.
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
 from pathlib import Path
 
 from lightning_lmdb.errors import NotRegularFileError, OptionError, SourceError
-from lightning_lmdb.sources import masks
+from lightning_lmdb.remote import urls
+from lightning_lmdb.remote.objects import RemoteObject
+from lightning_lmdb.remote.urls import is_remote, redact
+from lightning_lmdb.sources import masks, objectstore
 from lightning_lmdb.sources.base import (
     NO_TARGET,
     Labels,
@@ -56,7 +60,7 @@ _SHOWN = 5
 
 #: This source kind's name and what it accepts (:mod:`lightning_lmdb.sources.base`).
 NAME = "folder"
-DESCRIPTION = "an image folder (ImageFolder layout: one subfolder per class, or flat)"
+DESCRIPTION = "an image folder (ImageFolder layout: one subfolder per class, or flat; or such a prefix of object storage, s3://bucket/train/)"
 
 
 #: The file name endings ImageFolder accepts (``torchvision.datasets.folder.IMG_EXTENSIONS``), compared in lower case.
@@ -116,7 +120,10 @@ def make_dataset(directory: str | os.PathLike[str], class_to_idx: dict[str, int]
 
 
 def accepts(source: object) -> bool:
-    """Whether ``source`` is a folder (this source kind; see :mod:`lightning_lmdb.sources.base`)."""
+    """Whether ``source`` is a folder (this source kind; see :mod:`lightning_lmdb.sources.base`), or a URL naming a prefix of object
+    storage (not a manifest or annotation file: :func:`lightning_lmdb.sources.objectstore.is_prefix`; nothing is listed here)."""
+    if is_remote(source):
+        return objectstore.is_prefix(source)  # type: ignore[arg-type]
     return isinstance(source, Path) and source.is_dir()
 
 
@@ -126,14 +133,16 @@ def _no_options(folder: Path, options: SourceOptions | None) -> None:
         return
     paired = options.masks_dir is not None
     allowed = _MASK_OPTIONS if paired else ("classes",)
+    if paired and is_remote(folder):
+        raise objectstore.refuse("An image folder paired with its masks (masks_dir=)", str(folder))
     given = ", ".join(f"{name}={value!r}" for name, value in options.as_dict().items() if name not in allowed)
     if given and paired:
         raise OptionError(f"{given}: these options read a manifest; {str(folder)!r} is an image folder paired with its masks "
                           f"(masks_dir=), which takes only {', '.join(_MASK_OPTIONS)}. Leave them unset.")
     if given:
         masked = any(getattr(options, name) is not None for name in ("ignore_index", "num_classes"))
-        raise OptionError(f"{given}: these options read a manifest, but {str(folder)!r} is an image folder (its labels are its class "
-                          f"folders). Pass {describe_kind('manifest')} instead, or leave these options unset"
+        raise OptionError(f"{given}: these options read a manifest, but {redact(str(folder))!r} is an image folder (its labels are its "
+                          f"class folders). Pass {describe_kind('manifest')} instead, or leave these options unset"
                           + (" (set masks_dir= to pair the folder with a folder of segmentation masks)." if masked else "."))
 
 
@@ -142,6 +151,8 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
     _no_options(source, options)
     if options is not None and options.masks_dir is not None:
         return scan_pairs(source, options)
+    if is_remote(source):
+        return scan_prefix(source, None if options is None else options.classes)  # type: ignore[arg-type]
     return scan_folder(source, None if options is None else options.classes)
 
 
@@ -160,6 +171,8 @@ def has_samples(folder: Path, options: SourceOptions | None = None) -> bool:
     Cheap on a large folder (one listing of the folder and of its first class folder); a folder that
     :func:`scan_folder` accepts always has one.
     """
+    if is_remote(folder):
+        return has_images(folder)  # type: ignore[arg-type]
     return any(has_file_allowed_extension(name, IMG_EXTENSIONS) for _, _, files in os.walk(folder, followlinks=True) for name in files)
 
 
@@ -171,8 +184,11 @@ def classes(folder: Path, options: SourceOptions | None = None) -> tuple[list[st
         found = masks.mask_labels(options)
         return found.classes, found.class_to_idx
     try:
-        found, class_to_idx = find_classes(folder)
+        found, class_to_idx = (prefix_classes(folder), {}) if is_remote(folder) else find_classes(folder)  # type: ignore[arg-type]
+        class_to_idx = class_to_idx or {name: k for k, name in enumerate(found)}
     except FileNotFoundError:  # a flat folder
+        if is_remote(folder):
+            raise
         found, class_to_idx = [], {}
     if options is not None and options.classes is not None:
         return _given_classes(folder, found, options.classes)
@@ -257,6 +273,70 @@ def scan_folder(source: str | os.PathLike[str], classes: tuple[str, ...] | list[
         files.append(SourceFile(path=path, relpath=relpath, target=target, size=size, mtime_ns=mtime_ns))
     return SourceScan(root=root, classes=list(classes), class_to_idx=dict(class_to_idx), files=files, special=special)
 
+
+# --- a prefix of object storage (lightning_lmdb.sources.objectstore): the same layout, from one listing -------------------
+
+
+def prefix_classes(url: str) -> list[str]:
+    """The class prefixes under ``url``, sorted (ImageFolder's ``find_classes``); ``[]`` for a flat prefix. One listing."""
+    root = objectstore.root_of(url)
+    return sorted({rel.split("/", 1)[0] for rel, _ in objectstore.relative_items(objectstore.listing(root), root) if "/" in rel})
+
+
+def has_images(url: str) -> bool:
+    """Whether the prefix holds an object named like an image (one listing)."""
+    return any(has_file_allowed_extension(item.url, IMG_EXTENSIONS) for item in objectstore.listing(url))
+
+
+def scan_prefix(url: str, classes: tuple[str, ...] | list[str] | None = None) -> SourceScan:
+    """Scan the prefix ``url`` as ImageFolder scans a folder (:mod:`lightning_lmdb.sources.objectstore`): one listing.
+
+    Args:
+        url: The prefix (``s3://bucket/train/``).
+        classes: The class names in index order (every class prefix must be one); ``None``: the sorted class prefixes.
+
+    Raises:
+        FileNotFoundError: Nothing under the prefix.
+        RemoteNotFoundError: No such bucket.
+        SourceError: No images, a class prefix without an image, or a class prefix not among ``classes``.
+    """
+    root = objectstore.root_of(url)
+    shown = urls.redact(root)
+    items = objectstore.relative_items(objectstore.listing(root), root)
+    found = sorted({rel.split("/", 1)[0] for rel, _ in items if "/" in rel})
+    class_to_idx = {name: k for k, name in enumerate(found)}
+    folders = dict(class_to_idx)
+    if classes is not None:
+        classes, class_to_idx = _given_classes(shown, found, classes)  # type: ignore[arg-type]
+        folders = {name: class_to_idx[name] for name in found}
+    else:
+        classes = found
+    picked: list[tuple[tuple[str, str], str, object, RemoteObject]] = []
+    if classes:
+        available = set()
+        for rel, item in items:
+            head, _, rest = rel.partition("/")
+            if not rest or head not in folders or not has_file_allowed_extension(rel, IMG_EXTENSIONS):
+                continue
+            # sorted(os.walk()) then sorted file names: by the folder's path, then the name within it
+            picked.append(((posixpath.dirname(rel), posixpath.basename(rel)), rel, folders[head], item))
+            available.add(head)
+        empty = set(folders) - available
+        if empty:
+            raise SourceError(f"Found no valid file for the classes {', '.join(sorted(empty))}. Supported extensions are: "
+                              f"{', '.join(IMG_EXTENSIONS)} in {shown!r}. ImageFolder refuses such a folder too: add images to each "
+                              "class prefix or remove the empty ones.")
+        order = {name: k for k, name in enumerate(sorted(folders))}
+        picked.sort(key=lambda entry: (order[entry[1].split("/", 1)[0]], entry[0]))
+    else:
+        picked = sorted(((("", rel), rel, NO_TARGET, item) for rel, item in items if has_file_allowed_extension(rel, IMG_EXTENSIONS)),
+                        key=lambda entry: entry[0])
+    if not picked:
+        raise SourceError(f"No images found in {shown!r}: expected objects ending in {', '.join(IMG_EXTENSIONS)} either under one "
+                          "prefix per class (ImageFolder layout) or directly under the prefix. Check the URL.")
+    files = [SourceFile(path=item.url, relpath=rel, target=target, size=item.size, mtime_ns=0, etag=item.etag)  # type: ignore[arg-type]
+             for _, rel, target, item in picked]
+    return SourceScan(root=root, classes=list(classes), class_to_idx=dict(class_to_idx), files=files)  # type: ignore[arg-type]
 
 
 

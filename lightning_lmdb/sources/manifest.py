@@ -74,7 +74,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_lmdb.errors import OptionError, SourceError
-from lightning_lmdb.sources import boxcolumns, masks
+from lightning_lmdb.remote import urls
+from lightning_lmdb.remote.urls import is_remote
+from lightning_lmdb.sources import boxcolumns, masks, objectstore
 from lightning_lmdb.sources.base import NO_TARGET, Labels, SourceFile, SourceOptions, SourceScan, not_regular_reason
 from lightning_lmdb.sources.manifestfile import Table, read_table
 from lightning_lmdb.targets import TargetKind, target_kind
@@ -101,6 +103,8 @@ _INDEX = re.compile("0|[1-9][0-9]*")  # a class index in a CSV cell; any other c
 
 def accepts(source: object) -> bool:
     """Whether ``source`` is a manifest file, or a folder holding ``metadata.csv`` / ``metadata.jsonl`` (no parse)."""
+    if is_remote(source):  # a manifest object: named so (nothing is requested here; its scan reads it)
+        return not source.endswith("/") and urls.name(source).lower().endswith(MANIFEST_SUFFIXES)  # type: ignore[attr-defined]
     if not isinstance(source, Path):
         return False
     if source.suffix.lower() in MANIFEST_SUFFIXES and source.is_file():
@@ -122,8 +126,16 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
     splits = table.column(split_col) if split_col else None
     if splits is not None and table.is_csv:
         splits = [split.strip() for split in splits]
-    prefix = str(root) if str(root).endswith(os.sep) else str(root) + os.sep
+    separator = "/" if is_remote(root) else os.sep
+    prefix = str(root) if str(root).endswith(separator) else str(root) + separator
     name, lines, bad, errors, values = table.name, table.lines, table.bad, targets.errors, targets.values
+    if mask_col is not None and is_remote(root):
+        raise objectstore.refuse("A manifest's mask column (segmentation)", str(source))
+    if targets.kind == "boxes" and is_remote(root):
+        raise objectstore.refuse("A manifest's boxes column (detection)", str(source))
+    # the objects it lists: one listing per prefix holding them (their size and ETag), never one request per row
+    placed = [_place(cell, prefix, path_col)[1] for cell in table.column(path_col)]
+    listed = objectstore.stat_many([path for path in placed if is_remote(path)]) if any(map(is_remote, placed)) else {}
     files: list[SourceFile] = []
     special: list[tuple[str, str]] = []
     seen: dict[str, tuple[int, str]] = {}  # absolute path -> the line that lists it first, and its relpath
@@ -132,7 +144,7 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
         origin = f"{name} line {line}"
         relpath, path, problem = _place(cell, prefix, path_col)
         if problem is None:  # one image written two ways (a.png, ./a.png, ROOT/a.png) is one image: compared as absolute paths
-            first, written = seen.setdefault(os.path.abspath(path), (line, relpath))
+            first, written = seen.setdefault(path if is_remote(path) else os.path.abspath(path), (line, relpath))
             also = "" if written == relpath else f" (as {written!r})"
             problem = bad.get(i) or (f"{relpath!r} is listed twice, line {first} lists it already{also}; remove one of the rows"
                                      if first != line else errors.get(i))
@@ -142,12 +154,17 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
                        else f"split {split!r} is not a name (a string)")
         if problem is None and mask_cells is not None:
             mask_rel, mask, problem = _place(mask_cells[i], prefix, str(mask_col), "mask")
-        size, mtime, problem = _stat(path, relpath) if problem is None else (0, 0, problem)
+        etag = ""
+        if problem is None and is_remote(path):  # an object: its listing's size and ETag (missing: size 0, the build reports it)
+            found = listed.get(path)
+            size, mtime, etag = (found.size, 0, found.etag) if found is not None else (0, 0, "")
+        else:
+            size, mtime, problem = _stat(path, relpath) if problem is None else (0, 0, problem)
         mask_size, mask_mtime, problem = _stat(mask, mask_rel) if problem is None and mask else (0, 0, problem)
         if problem is not None:
             special.append((relpath, f"{origin}: {problem}"))
             continue
-        files.append(SourceFile(path, relpath, values[i], size, mtime, split, origin, mask, mask_size, mask_mtime))
+        files.append(SourceFile(path, relpath, values[i], size, mtime, split, origin, mask, mask_size, mask_mtime, etag))
     if mask_col is not None:
         return masks.mask_scan(root, files, special, options, {"manifest": table.name, "mask_column": mask_col})
     described: dict[str, Any] = {"manifest": table.name, "kind": targets.kind, "classes": targets.classes, "target_names": targets.names}
@@ -162,6 +179,8 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
 
 def has_samples(source: Path, options: SourceOptions | None = None) -> bool:
     """Whether the manifest has at least one data row (reads up to its first one)."""
+    if is_remote(source):
+        return bool(read_table(source).rows)  # type: ignore[arg-type]
     manifest = _manifest_file(source)
     with open(manifest, encoding="utf-8-sig", errors="replace", newline="") as handle:
         if manifest.suffix.lower() not in (".csv", ".tsv"):
@@ -220,7 +239,7 @@ def _open(source: Path, options: SourceOptions, announce: bool = False) -> tuple
 
 def _manifest_file(source: Path, announce: bool = False) -> Path:
     """The manifest of ``source``: itself, or a Hugging Face folder's metadata file."""
-    if not source.is_dir():
+    if is_remote(source) or not source.is_dir():
         return source
     found = [source / name for name in METADATA_NAMES if (source / name).is_file()]
     if len(found) != 1:
@@ -232,6 +251,13 @@ def _manifest_file(source: Path, announce: bool = False) -> Path:
 
 
 def _root(manifest: Path, options: SourceOptions) -> Path:
+    if options.root is not None and is_remote(options.root):
+        return options.root.rstrip("/")  # type: ignore[return-value]
+    if is_remote(manifest):  # the manifest's "folder": its URL without its name
+        if options.root is not None:
+            raise SourceError(f"root={options.root!r} is a local folder, but the manifest {urls.redact(str(manifest))} is on object "
+                              "storage: give root= as a URL (s3://bucket/prefix), or leave it unset (the manifest's own prefix).")
+        return urls.parent(str(manifest))  # type: ignore[return-value]
     if options.root is None:
         return manifest.parent.resolve()
     root = Path(options.root).expanduser().resolve()
@@ -255,7 +281,7 @@ def _place(cell: Any, prefix: str, column: str, what: str = "image") -> tuple[st
     if not isinstance(cell, str) or not cell:
         return ("" if cell is None else str(cell)), "", (f"empty {what} cell (column {column!r})" if cell in (None, "")
                                                          else f"{what} path {cell!r} is not a string")
-    if cell.startswith("/") or (os.name == "nt" and os.path.isabs(cell)):
+    if cell.startswith("/") or (os.name == "nt" and os.path.isabs(cell)) or is_remote(cell):  # absolute, or a full URL
         return cell, cell, None
     native = os.path.normpath(cell)
     if native == os.pardir or native.startswith(_UP):

@@ -14,10 +14,11 @@ import csv
 import io
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from lightning_lmdb.errors import SourceError
+from lightning_lmdb.remote.urls import is_remote, redact
 
 __all__ = ["Table", "read_table"]
 
@@ -43,7 +44,9 @@ class Table:
 
 
 def read_table(manifest: Path) -> Table:
-    """The table of the manifest file ``manifest`` (``.csv`` / ``.tsv``: CSV, else JSON Lines)."""
+    """The table of the manifest file ``manifest`` (``.csv`` / ``.tsv``: CSV, else JSON Lines); a URL is read in one GET."""
+    if is_remote(manifest):
+        return _read_remote(str(manifest))
     data = manifest.read_bytes()
     try:
         text = data.decode("utf-8-sig")
@@ -52,6 +55,28 @@ def read_table(manifest: Path) -> Table:
         raise SourceError(f"{str(manifest)!r} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
                           "save the manifest as UTF-8.") from None
     return (_read_csv if manifest.suffix.lower() in (".csv", ".tsv") else _read_jsonl)(manifest, text)
+
+
+class _Named(PurePosixPath):
+    """A manifest object's name as its messages show it: the redacted URL (its suffix and name as a path's)."""
+
+    def __str__(self) -> str:
+        return self.shown  # type: ignore[attr-defined]
+
+
+def _read_remote(url: str) -> Table:
+    from lightning_lmdb.remote import objects
+
+    data = objects.read(url)
+    named = _Named(url.split("://", 1)[1])
+    named.shown = redact(url)  # type: ignore[attr-defined]
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = exc.object.count(b"\n", 0, exc.start) + 1
+        raise SourceError(f"{redact(url)!r} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
+                          "save the manifest as UTF-8.") from None
+    return (_read_csv if named.suffix.lower() in (".csv", ".tsv") else _read_jsonl)(named, text)  # type: ignore[arg-type]
 
 
 def _read_csv(manifest: Path, text: str) -> Table:

@@ -372,7 +372,8 @@ def stale_reason(path: str | os.PathLike[str], meta: fmt.Metadata, scan: SourceS
         now, was = (scan.target_names, full.target_names) if values else (scan.classes, classes)
         found.append(f"the {'target names' if values else 'classes'} are now {_few(now)}, were {_few(was)}")
     if not (added or removed or relabelled or moved) and len(found) == 3:
-        found.append("so files were modified (their size or modification time) or listed in another order")
+        changed = "size or ETag" if any(f.etag for f in scan.files) else "size or modification time"
+        found.append(f"so files were modified (their {changed}) or listed in another order")
     return f"from a source that changed since ({', '.join(found)})"
 
 

@@ -1,0 +1,203 @@
+"""Building from object storage (#34): an image folder under an S3 prefix, a manifest at a URL, staleness by ETag, the If-Match
+fetch, resume after a kill, and the raw backend, against a real S3 server on loopback (tests/s3kit.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from imagegen import make_folder, make_jpegs, read_records
+from s3kit import KEY, SECRET, S3Server
+
+from lightning_lmdb.build.writer import build
+from lightning_lmdb.errors import BuildError, RemoteChangedError, RemoteNotFoundError, SourceError
+from lightning_lmdb.remote import fs, objects, urls
+from lightning_lmdb.sources.base import kind_name, kind_of, scan_source
+
+
+def upload(folder: Path, prefix: str) -> list[str]:
+    """Every file under ``folder`` put under ``prefix`` (same relative keys); their URLs."""
+    put = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            url = urls.join(prefix, path.relative_to(folder).as_posix())
+            objects.write(url, path.read_bytes())
+            put.append(url)
+    return put
+
+
+@pytest.fixture
+def bucket(s3: S3Server) -> str:
+    url = s3.bucket()
+    fs.use_options(url, s3.options)
+    return url
+
+
+@pytest.fixture
+def images(tmp_path: Path, bucket: str) -> tuple[Path, str]:
+    """A local ImageFolder (3 classes, non-ASCII names, a non-image file) and the same files under ``BUCKET/train/``."""
+    local = make_folder(tmp_path / "train", per_class=6)
+    upload(local, f"{bucket}/train")
+    return local, f"{bucket}/train/"
+
+
+def same_records(a: Path, b: Path) -> None:
+    (meta_a, values_a), (meta_b, values_b) = read_records(a), read_records(b)
+    assert values_a == values_b and len(values_a) > 0
+    for key in ("targets", "paths", "checksums", "classes", "class_to_idx", "count", "target_kind"):
+        assert meta_a[key] == meta_b[key], key
+
+
+def test_a_folder_under_a_prefix_scans_and_builds_as_the_local_folder(images: tuple[Path, str], tmp_path: Path) -> None:
+    local, prefix = images
+    assert kind_name(kind_of(prefix)) == "folder"
+    remote_scan, local_scan = scan_source(prefix), scan_source(local)
+    assert remote_scan.root == prefix.rstrip("/") and remote_scan.classes == local_scan.classes
+    assert [(f.relpath, f.target, f.size) for f in remote_scan.files] == [(f.relpath, f.target, f.size) for f in local_scan.files]
+    assert all(f.etag and f.mtime_ns == 0 and f.path.startswith("s3://") for f in remote_scan.files)
+    assert all(not f.etag for f in local_scan.files), "a local file has no ETag (its fingerprint is as before)"
+    report = build(prefix, tmp_path / "s3.lmdb", workers=0, progress=False)
+    build(local, tmp_path / "local.lmdb", workers=0, progress=False)
+    assert report.action == "built"
+    same_records(tmp_path / "s3.lmdb", tmp_path / "local.lmdb")
+    assert read_records(tmp_path / "s3.lmdb")[0]["source"]["root"] == prefix.rstrip("/")
+    again = build(prefix, tmp_path / "s3.lmdb", workers=0, progress=False)
+    assert again.action == "up-to-date"
+
+
+def test_nothing_changed_is_up_to_date_without_a_fetch_and_one_changed_object_is_stale(images: tuple[Path, str], tmp_path: Path,
+                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, prefix = images
+    target = tmp_path / "s3.lmdb"
+    build(prefix, target, workers=0, progress=False)
+    fetched: list[str] = []
+    real = objects.read_many
+    monkeypatch.setattr(objects, "read_many", lambda requests, *a, **k: fetched.extend(r[0] for r in requests) or real(requests, *a, **k))
+    assert build(prefix, target, workers=0, progress=False, on_stale="error").action == "up-to-date"
+    assert fetched == []
+    changed = scan_source(prefix).files[1]
+    objects.write(changed.path, local_bytes_of(images[0], changed.relpath) + b"\0")  # same image, new bytes: a new ETag
+    from lightning_lmdb.errors import StaleDatabaseError
+
+    with pytest.raises(StaleDatabaseError, match="ETag"):
+        build(prefix, target, workers=0, progress=False, on_stale="error")
+    assert build(prefix, target, workers=0, progress=False).action == "built"
+
+
+def local_bytes_of(folder: Path, relpath: str) -> bytes:
+    return (folder / relpath).read_bytes()
+
+
+def test_an_object_overwritten_after_the_scan_fails_the_build_naming_it(images: tuple[Path, str], tmp_path: Path) -> None:
+    local, prefix = images
+    scan = scan_source(prefix)
+    victim = scan.files[3]
+    objects.write(victim.path, local_bytes_of(local, scan.files[0].relpath))  # another image now
+    from lightning_lmdb.build.onefile import _Writer
+    from lightning_lmdb.options import BuildOptions
+
+    with pytest.raises(RemoteChangedError) as caught:
+        _Writer(scan, tmp_path / "x.lmdb", BuildOptions(workers=0, progress=False, commit_every=2)).run()
+    message = str(caught.value)
+    assert urls.redact(victim.path) in message and "changed since it was listed" in message and "a rerun resumes" in message
+    assert SECRET not in message and KEY not in message
+    # a rerun lists again and finishes; it equals a clean build of what is there now
+    assert build(prefix, tmp_path / "x.lmdb", workers=0, progress=False, commit_every=2).action in ("resumed", "built")
+    build(prefix, tmp_path / "clean.lmdb", workers=0, progress=False)
+    same_records(tmp_path / "x.lmdb", tmp_path / "clean.lmdb")
+
+
+def test_a_manifest_at_a_url_with_relative_keys_and_a_full_url_builds_as_the_local_manifest(images: tuple[Path, str],
+                                                                                            tmp_path: Path, bucket: str) -> None:
+    local, prefix = images
+    relpaths = [f.relpath for f in scan_source(local).files]
+    rows = [(rel, rel.split("/")[0]) for rel in relpaths]
+    (local / "labels.csv").write_text("path,label\n" + "".join(f"{rel},{label}\n" for rel, label in rows), encoding="utf-8")
+    remote_rows = [(urls.join(prefix, rel) if k == 2 else rel, label) for k, (rel, label) in enumerate(rows)]
+    manifest = f"{prefix}labels.csv"
+    objects.write(manifest, ("path,label\n" + "".join(f"{p},{label}\n" for p, label in remote_rows)).encode())
+    assert kind_name(kind_of(manifest)) == "manifest"
+    scan = scan_source(manifest)
+    assert len(scan.files) == len(rows) and all(f.etag for f in scan.files) and not scan.special
+    build(manifest, tmp_path / "s3.lmdb", workers=0, progress=False)
+    build(local / "labels.csv", tmp_path / "local.lmdb", workers=0, progress=False)
+    (meta_a, values_a), (meta_b, values_b) = read_records(tmp_path / "s3.lmdb"), read_records(tmp_path / "local.lmdb")
+    assert values_a == values_b and meta_a["targets"] == meta_b["targets"] and meta_a["classes"] == meta_b["classes"]
+    assert meta_a["paths"][2] == urls.join(prefix, relpaths[2]) and meta_a["paths"][:2] == meta_b["paths"][:2]
+    # JSON Lines too; a missing object is a bad row of the build, named
+    lines = [{"path": rel, "label": label} for rel, label in rows[:3]] + [{"path": "cat/missing.png", "label": "cat"}]
+    objects.write(f"{prefix}labels.jsonl", "\n".join(json.dumps(line) for line in lines).encode())
+    with pytest.raises(BuildError, match="missing.png"):
+        build(f"{prefix}labels.jsonl", tmp_path / "j.lmdb", workers=0, progress=False)
+    assert build(f"{prefix}labels.jsonl", tmp_path / "j.lmdb", workers=0, progress=False, on_error="skip").count == 3
+
+
+def test_the_listings_of_a_manifest_are_one_per_prefix(images: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _, prefix = images
+    rels = [f.relpath for f in scan_source(prefix).files]
+    objects.write(f"{prefix}m.csv", ("path\n" + "".join(f"{rel}\n" for rel in rels)).encode())
+    listed: list[str] = []
+    real = objects.list_objects
+    monkeypatch.setattr(objects, "list_objects", lambda url: listed.append(url) or real(url))
+    monkeypatch.setattr(objects, "stat", lambda url: pytest.fail("a HEAD per object"))
+    scan = scan_source(f"{prefix}m.csv")
+    assert len(scan.files) == len(rels) and len(listed) == len({rel.split("/")[0] for rel in rels})
+
+
+def test_a_missing_bucket_or_prefix_is_one_clear_line(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    fs.use_options("s3://no-such-bucket-llmdb", s3.options)
+    with pytest.raises(RemoteNotFoundError) as caught:
+        build("s3://no-such-bucket-llmdb/train/", tmp_path / "x.lmdb", workers=0, progress=False)
+    assert "no such bucket" in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(FileNotFoundError) as missing:
+        build(f"{bucket}/nothing/", tmp_path / "x.lmdb", workers=0, progress=False)
+    assert f"{bucket}/nothing" in str(missing.value) and "\n" not in str(missing.value)
+    with pytest.raises(FileNotFoundError, match="not supported for object storage yet"):
+        scan_source(f"{bucket}/coco/instances.json")
+    objects.write(f"{bucket}/flat/a.txt", b"x")
+    with pytest.raises(SourceError, match="No images found"):
+        scan_source(f"{bucket}/flat")
+
+
+_KILLED = """
+import sys
+from lightning_lmdb.build.writer import build
+from lightning_lmdb.remote import fs
+fs.use_options(sys.argv[1], {"endpoint_url": sys.argv[3], "key": sys.argv[4], "secret": sys.argv[5]})
+build(sys.argv[1], sys.argv[2], workers=int(sys.argv[6]), commit_every=4, progress=False)
+"""
+
+
+def _killed_build(prefix: str, target: Path, s3: S3Server, workers: int) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LIGHTNING_LMDB_TEST_KILL_AT": "commit:2", "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-c", _KILLED, prefix, str(target), s3.endpoint, KEY, SECRET, str(workers)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_killed_build_resumes_and_equals_a_clean_build(images: tuple[Path, str], tmp_path: Path, s3: S3Server, workers: int) -> None:
+    _, prefix = images
+    target = tmp_path / "s3.lmdb"
+    killed = _killed_build(prefix, target, s3, workers)
+    assert killed.returncode == -9, killed.stderr
+    assert not target.exists() and Path(f"{target}.partial").exists()
+    report = build(prefix, target, workers=workers, commit_every=4, progress=False)
+    assert report.action == "resumed" and report.records_written < report.count
+    build(prefix, tmp_path / "clean.lmdb", workers=0, progress=False)
+    same_records(target, tmp_path / "clean.lmdb")
+
+
+@pytest.mark.slow
+def test_reader_processes_fetch_with_the_parents_options_spawned(tmp_path: Path, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    local = make_jpegs(tmp_path / "j", 40)
+    upload(local, f"{bucket}/j")
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method=None, _real=multiprocessing.get_context: _real("spawn"))
+    build(f"{bucket}/j", tmp_path / "s3.lmdb", workers=2, progress=False)
+    build(local, tmp_path / "local.lmdb", workers=0, progress=False)
+    same_records(tmp_path / "s3.lmdb", tmp_path / "local.lmdb")
