@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from imagegen import make_folder, make_jpegs, read_records
@@ -201,3 +202,59 @@ def test_reader_processes_fetch_with_the_parents_options_spawned(tmp_path: Path,
     build(f"{bucket}/j", tmp_path / "s3.lmdb", workers=2, progress=False)
     build(local, tmp_path / "local.lmdb", workers=0, progress=False)
     same_records(tmp_path / "s3.lmdb", tmp_path / "local.lmdb")
+
+
+def _served(dm: Any, split: str = "test") -> list[tuple[Any, Any]]:
+    dm.prepare_data()
+    dm.setup(split)
+    return list(getattr(dm, f"{split}_dataloader")())
+
+
+def test_the_datamodule_builds_a_prefix_into_cache_dir_and_the_raw_backend_serves_the_same(tmp_path: Path, s3: S3Server,
+                                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from lightning_lmdb.datamodule.module import LMDBDataModule
+    from lightning_lmdb.read.transforms import eval_transform
+
+    bucket = s3.bucket()
+    local = make_jpegs(tmp_path / "src", 12, size=16)
+    fs.use_options(bucket, s3.options)
+    upload(local, f"{bucket}/train")
+    monkeypatch.setattr(fs, "_options", {})  # only what the DataModule is given
+    prefix = f"{bucket}/train/"
+    common = {"cache_dir": tmp_path / "cache", "batch_size": 5, "num_workers": 0, "eval_transform": eval_transform(8),
+              "build_workers": 0}
+    batches = {}
+    for backend in ("lmdb", "raw"):
+        dm = LMDBDataModule(prefix, test_dir=prefix, backend=backend, storage_options=s3.options, **common)
+        assert dm.sources["test"] == prefix and dm.hparams["test_dir"] == prefix
+        batches[backend] = _served(dm)
+    built = list((tmp_path / "cache").glob("*.lmdb"))
+    assert len(built) == 1 and built[0].name.startswith("train-")
+    assert not any(value in built[0].name for value in (KEY, SECRET, s3.endpoint))
+    assert not any(SECRET in path.read_bytes().decode("latin-1") for path in (tmp_path / "cache").rglob("*") if path.is_file())
+    local_dm = LMDBDataModule(local, test_dir=local, backend="raw", **{**common, "cache_dir": tmp_path / "c2"})
+    batches["local"] = _served(local_dm)
+    for (xa, ya), (xb, yb), (xc, yc) in zip(batches["lmdb"], batches["raw"], batches["local"], strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb) and torch.equal(xa, xc) and torch.equal(ya, yc)
+
+
+@pytest.mark.slow
+def test_the_raw_backend_reads_objects_in_spawned_workers(tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from lightning_lmdb.datamodule.module import LMDBDataModule
+    from lightning_lmdb.read.transforms import eval_transform
+
+    bucket = s3.bucket()
+    local = make_jpegs(tmp_path / "src", 8, size=16)
+    fs.use_options(bucket, s3.options)
+    upload(local, f"{bucket}/train")
+    monkeypatch.setattr(fs, "_options", {})
+    common = {"batch_size": 4, "eval_transform": eval_transform(8), "build_workers": 0, "cache_dir": tmp_path / "cache"}
+    remote = LMDBDataModule(f"{bucket}/train", test_dir=f"{bucket}/train", backend="raw", num_workers=2,
+                            multiprocessing_context="spawn", persistent_workers=False, storage_options=s3.options, **common)
+    here = LMDBDataModule(local, test_dir=local, backend="raw", num_workers=0, **common)
+    for (xa, ya), (xb, yb) in zip(_served(remote), _served(here), strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)

@@ -29,6 +29,7 @@ from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.read import blockread
 from lightning_lmdb.read.dataset import ImageDatasetBase, LMDBImageDataset
 from lightning_lmdb.read.raw import RawImageDataset, SampleReads, SourceDataset, mask_classes, read_samples
+from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources import base as sources
 from lightning_lmdb.sources import coco, folder, manifest, voc, yolo
 from lightning_lmdb.sources import dataset as datasource
@@ -456,7 +457,7 @@ class RawBackend(ServingBackend):
             raise SourceError(f"backend='raw' serves a Dataset source's own samples, but {split}_dir {str(given)!r} was built from "
                               f"{meta.source.root[1:-1]}: pass that dataset as {split}_dir instead (its database is then built in "
                               "cache_dir), or serve the database itself (Hydra: data.backend=lmdb).")
-        if not Path(meta.source.root).is_dir():
+        if not is_remote(meta.source.root) and not Path(meta.source.root).is_dir():
             raise SourceError(
                 f"backend='raw' reads the files a database was built from, but {split}_dir {str(given)!r} was built from "
                 f"{meta.source.root!r}, which no longer exists. Serve the database itself (Hydra: data=lmdb, or data.backend=lmdb), "

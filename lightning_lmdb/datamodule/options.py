@@ -26,6 +26,7 @@ from lightning_lmdb.errors import DatabaseError, OptionError, SourceError
 from lightning_lmdb.options import BuildOptions
 from lightning_lmdb.read import transforms
 from lightning_lmdb.read.sampler import check_shuffle
+from lightning_lmdb.remote.urls import is_remote, redact
 from lightning_lmdb.sources import base as sources
 from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.sources.base import SourceOptions
@@ -223,20 +224,21 @@ def check_folders(dirs: dict[str, Path | None], serve_without_folder: bool, data
     left alone.
     """
     for split, folder in dirs.items():
-        if folder is None or split in databases or not isinstance(folder, Path):
+        if folder is None or split in databases or not (isinstance(folder, Path) or is_remote(folder)):
             continue
         kind = sources.kind_of(folder)
         if kind is None and not (serve_without_folder and database_path(split).exists()):
-            what = "is neither a known source nor a database: " if folder.exists() else ""
+            what = "is neither a known source nor a database: " if is_remote(folder) or folder.exists() else ""
             raise FileNotFoundError(
-                f"{split}_dir {str(folder)!r} {what}{sources.unknown_reason(folder)} Pass the folder that holds your images, a manifest "
+                f"{split}_dir {redact(str(folder))!r} {what}"
+                f"{sources.unknown_reason(folder)} Pass the folder that holds your images, a manifest "
                 f"listing them or a database built by `lightning-lmdb build` (Hydra: data.{split}_dir=/path/to/images)."
                 + (" With on_stale='ignore' an existing database is served without it, but there is none at "
                    f"{str(database_path(split))!r}." if serve_without_folder else "")
             )
         if kind is not None and not serve_without_folder and not kind.has_samples(folder, manifest):  # on_stale="ignore": no scan
             raise SourceError(
-                f"No images found in {split}_dir {str(folder)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in "
+                f"No images found in {split}_dir {redact(str(folder))!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} either in "
                 f"one subfolder per class (ImageFolder layout) or directly in the folder, or a manifest listing them. Pass the folder "
                 f"that holds your images (Hydra: data.{split}_dir=/path/to/images)."
             )
@@ -271,7 +273,8 @@ def split_sources(given: Sequence[Any], shards: int | None, manifest: SourceOpti
             raise OptionError(f"{key}={value!r} is how a checkpoint records a Dataset, which is not saved with it: pass the dataset "
                               f"again, e.g. LMDBDataModule.load_from_checkpoint(path, {key}=my_dataset).")
         if value is None or isinstance(value, (str, os.PathLike)):
-            dirs[split] = None if value is None else Path(value).expanduser().resolve()
+            # a URL (s3://bucket/train/) stays its string: a Path would make it "s3:/bucket/train"
+            dirs[split] = None if value is None else value if is_remote(value) else Path(value).expanduser().resolve()
             continue
         if not datasource.accepts(value):
             raise OptionError(f"{key} is a {type(value).__module__}.{type(value).__qualname__}: pass a folder, a manifest or a database "

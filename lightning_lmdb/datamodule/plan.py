@@ -17,6 +17,7 @@ from typing import Any
 from lightning_lmdb.deprecated import deprecated_names
 from lightning_lmdb.errors import OptionError
 from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.remote.urls import is_remote, redact
 from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.store import database
 
@@ -31,6 +32,9 @@ def database_name(folder: Path | Any, options: BuildOptions, split: str = "") ->
     """
     if isinstance(folder, Path):
         text, name = f"{folder}", folder.name
+    elif is_remote(folder):  # a prefix or manifest of object storage: its URL (redacted; never the storage options)
+        text = redact(folder.rstrip("/"))
+        name = re.sub(r"[^\w.-]", "_", text.rsplit("/", 1)[-1])
     else:
         qualname = type(folder).__qualname__
         text = f"{datasource.identity(folder, options.manifest.version)}\0{split}"
@@ -40,8 +44,9 @@ def database_name(folder: Path | Any, options: BuildOptions, split: str = "") ->
 
 
 def recorded_root(given: Path) -> Path:
-    """The source folder a given database records it was built from (its paths are relative to it)."""
-    return Path(database.load_meta(given).source.root)
+    """The source folder a given database records it was built from (its paths are relative to it; a URL stays its string)."""
+    root = database.load_meta(given).source.root
+    return root if is_remote(root) else Path(root)  # type: ignore[return-value]
 
 
 def given_source(sources: Mapping[str, Path | Any], split: str) -> Path | Any:

@@ -25,6 +25,8 @@ from lightning_lmdb.errors import BuildError, LightningLMDBError, SourceError
 from lightning_lmdb.read.batchdecode import Deferred
 from lightning_lmdb.read.dataset import ImageDatasetBase, WithMask, ignore_index_of, stored_targets
 from lightning_lmdb.read.decoding import check_decoding
+from lightning_lmdb.remote import fs as remote_fs
+from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.sources import masks
 from lightning_lmdb.sources.base import Labels, SourceOptions, SourceScan, read_file, scan_source
@@ -91,6 +93,7 @@ class RawImageDataset(ImageDatasetBase):
                    classes: Sequence[str] | None = None) -> None:
         check_decoding(decoder, decode_size)
         self.root = str(scan.root)
+        self._carry_storage_options()
         kept = [f for f in scan.files if f.relpath not in exclude] if exclude else scan.files
         kind = str(scan.target_kind)
         if target_kind(kind).in_record:  # a mask source: the classes each mask holds are known once it is read: on demand (_all_targets)
@@ -134,20 +137,40 @@ class RawImageDataset(ImageDatasetBase):
         if meta.paths is None or (masked and getattr(meta, "mask_paths", None) is None):
             raise ValueError("from_metadata needs metadata read with arrays=True (the paths" + (" and mask paths)." if masked else ")."))
         dataset = cls.__new__(cls)
-        dataset.root = str(Path(root).expanduser().resolve())
+        dataset.root = str(root).rstrip("/") if is_remote(root) else str(Path(root).expanduser().resolve())
+        dataset._carry_storage_options()
         dataset._targets, dataset._paths, dataset._splits = meta.target_table(), meta.paths, meta.splits
         dataset._masks = getattr(meta, "mask_paths", None) if masked else None
         ImageDatasetBase.__init__(dataset, meta.classes, meta.class_to_idx, meta.count, transform, target_transform, indices, decoder,
                                   decode_size, stored_targets(meta), ignore_index_of(meta))
         return dataset
 
+    def _carry_storage_options(self) -> None:
+        """Keep this process's object-storage options with a dataset whose files are objects (``s3://``), so a DataLoader worker
+        -- forked or spawned -- reads them with the same options (adopted on its first read: :meth:`_adopt`). In memory only: a
+        dataset is never saved, and its ``repr`` does not show them."""
+        self._remote_options = remote_fs.registered() if is_remote(self.root) else None
+        self._adopted = os.getpid()
+
+    def _adopt(self) -> None:
+        """In a process other than the one that made this dataset (a spawned worker): take its object-storage options."""
+        if getattr(self, "_remote_options", None) and self._adopted != os.getpid():
+            remote_fs.adopt(self._remote_options)
+            self._adopted = os.getpid()
+
+    def _join(self, relpath: str) -> str:
+        """A file's path: ``relpath`` under the root (a URL when the root is one); an absolute path or full URL as it is."""
+        if is_remote(relpath):
+            return relpath
+        return f"{self.root}/{relpath}" if is_remote(self.root) else os.path.join(self.root, relpath)
+
     def files(self) -> list[str]:
         """Absolute path of every image file of the folder (all samples, not only this view's)."""
-        return [os.path.join(self.root, p) for p in self._paths.tolist()]
+        return [self._join(p) for p in self._paths.tolist()]
 
     def mask_files(self) -> list[str]:
         """Absolute path of every mask file (all samples, not only this view's); ``[]`` without masks."""
-        return [] if self._masks is None else [os.path.join(self.root, p) for p in self._masks.tolist()]
+        return [] if self._masks is None else [self._join(p) for p in self._masks.tolist()]
 
     def _all_targets(self) -> TargetTable:
         if self._targets is None:  # a scanned mask source's: the classes each mask holds, every mask read once, on demand
@@ -163,14 +186,16 @@ class RawImageDataset(ImageDatasetBase):
         return self._paths
 
     def _name(self, row: int) -> str:
-        path = os.path.join(self.root, self._paths[row])
-        return path if self._masks is None else f"{path} (mask {os.path.join(self.root, self._masks[row])})"
+        path = self._join(self._paths[row])
+        return path if self._masks is None else f"{path} (mask {self._join(self._masks[row])})"
 
     def _load(self, row: int, marks: list[float] | None = None) -> Image.Image | torch.Tensor | Deferred | WithMask:
-        path = os.path.join(self.root, self._paths[row])
+        path = self._join(self._paths[row])
+        if getattr(self, "_remote_options", None) is not None:  # an object: one GET, with the options of the process that made this dataset
+            self._adopt()
         data = read_file(path)
         if self._masks is not None:  # the mask file: read with the image, checked against it in _transformed_pair
-            mask_path = os.path.join(self.root, self._masks[row])
+            mask_path = self._join(self._masks[row])
             mask = masks.read_mask(read_file(mask_path), mask_path)
         if marks is not None:
             marks.append(time.perf_counter())
