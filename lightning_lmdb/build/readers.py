@@ -116,7 +116,8 @@ def _read_one(task: _Task, data: bytes | None = None) -> tuple[int, bytes | None
     index, path, storage, max_pixels, resize, quality = task[:6]
     if data is None:
         try:
-            data = read_file(path, _etag_of(task))
+            etag = _etag_of(task)
+            data = read_file(path) if etag is None else read_file(path, etag)
         except NotRegularFileError as exc:
             return index, None, exc.reason
         except RemoteNotFoundError as exc:
