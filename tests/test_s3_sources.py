@@ -258,3 +258,38 @@ def test_the_raw_backend_reads_objects_in_spawned_workers(tmp_path: Path, s3: S3
     here = LMDBDataModule(local, test_dir=local, backend="raw", num_workers=0, **common)
     for (xa, ya), (xb, yb) in zip(_served(remote), _served(here), strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_a_chunks_objects_are_fetched_together_with_their_etags(images: tuple[Path, str], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    _, prefix = images
+    calls: list[tuple[int, int, bool]] = []
+    real = objects.read_many
+
+    def counted(requests: list, concurrency: int = 0) -> list[bytes]:
+        calls.append((len(requests), concurrency, all(etag for _, etag, _, _ in requests)))
+        return real(requests, concurrency)
+
+    monkeypatch.setattr(objects, "read_many", counted)
+    monkeypatch.setattr(objects, "read", lambda *a, **k: pytest.fail("one GET at a time"))
+    report = build(prefix, tmp_path / "s3.lmdb", workers=0, progress=False)
+    assert sum(n for n, _, _ in calls) == report.count and len(calls) < report.count
+    assert all(concurrency == 32 and tagged for _, concurrency, tagged in calls)
+
+
+def test_a_hugging_face_folder_under_a_prefix_is_read_through_its_metadata_file(images: tuple[Path, str], tmp_path: Path) -> None:
+    local, prefix = images
+    rels = [f.relpath for f in scan_source(local).files]
+    objects.write(f"{prefix}metadata.csv", ("file_name,label\n" + "".join(f"{rel},{rel[0]}\n" for rel in rels)).encode())
+    with pytest.raises(SourceError, match="metadata.csv"):
+        scan_source(prefix)
+    scan = scan_source(f"{prefix}metadata.csv")
+    assert [f.relpath for f in scan.files] == rels and scan.classes == sorted({rel[0] for rel in rels})
+
+
+def test_a_sharded_build_from_a_prefix_equals_the_local_one(images: tuple[Path, str], tmp_path: Path) -> None:
+    local, prefix = images
+    build(prefix, tmp_path / "s3", workers=0, progress=False, shards=2)
+    build(local, tmp_path / "local", workers=0, progress=False, shards=2)
+    for name in ("shard-00000-of-00002.lmdb", "shard-00001-of-00002.lmdb"):
+        same_records(tmp_path / "s3" / name, tmp_path / "local" / name)

@@ -467,6 +467,12 @@ def _read_files(tasks: list[_Task], workers: int, dataset: Any = None, sizes: li
     """
     if workers == 0 or len(tasks) < 2:
         read = _read_one if dataset is None else functools.partial(read_sample, dataset)
+        if dataset is None and any(len(task) == 8 for task in tasks):  # objects: fetched a chunk at a time here too
+            with warnings.catch_warnings():
+                _ignore_palette_warning()
+                yield (result for chunk in chunks_of(tasks, sizes, 1, growth)
+                       for result in [_read_one(task, data) for task, data in zip(chunk, _fetched(chunk), strict=True)])
+            return
         with warnings.catch_warnings():  # once for the whole read: this process's filters are as they were afterwards
             _ignore_palette_warning()
             yield map(read, tasks)

@@ -26,6 +26,8 @@ from lightning_lmdb.build import readers, workcut
 from lightning_lmdb.build.onefile import BuildReport, _build_lock, _checked_target, _existing_meta, _Writer
 from lightning_lmdb.errors import BuildError, OptionError, StaleDatabaseError
 from lightning_lmdb.options import BuildOptions
+from lightning_lmdb.remote import fs as remote_fs
+from lightning_lmdb.remote.urls import is_remote, redact
 from lightning_lmdb.sources.base import SourceScan, scan_source
 from lightning_lmdb.store import database, fsops, shards
 from lightning_lmdb.store import format as fmt
@@ -50,8 +52,12 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
     count_of = options.shards
     if count_of is None:
         raise ValueError("build_shards needs options with shards= set (the shard count).")
-    source_root = Path(source).expanduser().resolve()
-    folder = _checked_target(source_root, target)
+    if is_remote(source):  # object storage: the URL as it is, the target local
+        source_root: Any = source
+        folder = Path(target).expanduser().absolute()
+    else:
+        source_root = Path(source).expanduser().resolve()
+        folder = _checked_target(source_root, target)
     bad = [i for i in indices or [] if not 0 <= i < count_of]
     if bad:
         raise OptionError(f"shard indices {bad} out of range for shards={count_of} (0 to {count_of - 1}).")
@@ -66,7 +72,7 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
         return BuildReport(folder, "up-to-date", 0, existing[0].count, existing[0].skipped)
     scan = scan_source(source_root, options.manifest)
     if count_of > len(scan.files):
-        raise OptionError(f"shards={count_of} is more than the {len(scan.files)} images of {str(source_root)!r}; choose at most "
+        raise OptionError(f"shards={count_of} is more than the {len(scan.files)} images of {redact(str(source_root))!r}; choose at most "
                          f"{len(scan.files)}.")
     if existing is not None and not options.overwrite:
         meta, built_with = existing
@@ -101,7 +107,7 @@ def build_shards(source: str | os.PathLike[str], target: str | os.PathLike[str],
         log.info("Built shard(s) %s of %d of %s; shard(s) %s are still to be built.", todo, count_of, folder, missing)
         return BuildReport(folder, action, written, sum(r.count for r in reports), [s for r in reports for s in r.skipped])
     if not any(database.load_meta(path).count for path in database.database_files(folder)):
-        raise BuildError(f"Every image in {str(source_root)!r} was skipped as unreadable; nothing to build. See the reasons above.")
+        raise BuildError(f"Every image in {redact(str(source_root))!r} was skipped as unreadable; nothing to build. See the reasons above.")
     meta = shards.finalize(folder)
     return BuildReport(folder, action, written, meta.count, meta.skipped)
 
@@ -132,8 +138,8 @@ def _build_in_shard_processes(jobs: list[_ShardJob], options: BuildOptions, work
                 busy = {job.line for job, _ in running.values()}
                 job = replace(waiting.pop(), line=min(set(range(workers)) - busy))  # a progress line no running shard uses
                 receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(target=_shard_process, args=(job, options, sender), name=f"build {job.path.name}",
-                                          daemon=True)
+                process = context.Process(target=_shard_process, args=(job, options, sender, remote_fs.registered()),
+                                          name=f"build {job.path.name}", daemon=True)
                 process.start()
                 sender.close()  # the child's copy is the only one left: the pipe ends (EOF) when the child does
                 running[receiver] = (job, process)
@@ -149,9 +155,12 @@ def _build_in_shard_processes(jobs: list[_ShardJob], options: BuildOptions, work
     return [reports[job.path] for job in jobs]
 
 
-def _shard_process(job: _ShardJob, options: BuildOptions, sender: Connection) -> None:
-    """The body of a shard process: build the shard and send back ``("report", BuildReport)`` or ``("error", exception)``."""
+def _shard_process(job: _ShardJob, options: BuildOptions, sender: Connection,
+                   storage: dict[str, dict[str, Any]] | None = None) -> None:
+    """The body of a shard process: build the shard and send back ``("report", BuildReport)`` or ``("error", exception)``;
+    ``storage``: the parent's object-storage options (:func:`lightning_lmdb.remote.fs.registered`, in memory only)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's terminate() ends it, whatever handler it inherited
+    remote_fs.adopt(storage)
     try:
         result: tuple[str, Any] = ("report", _build_shard(job, options))
     except Exception as exc:  # noqa: BLE001 - raised again by the parent

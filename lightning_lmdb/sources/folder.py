@@ -280,7 +280,20 @@ def scan_folder(source: str | os.PathLike[str], classes: tuple[str, ...] | list[
 def prefix_classes(url: str) -> list[str]:
     """The class prefixes under ``url``, sorted (ImageFolder's ``find_classes``); ``[]`` for a flat prefix. One listing."""
     root = objectstore.root_of(url)
-    return sorted({rel.split("/", 1)[0] for rel, _ in objectstore.relative_items(objectstore.listing(root), root) if "/" in rel})
+    items = objectstore.relative_items(objectstore.listing(root), root)
+    _no_metadata_file(root, items)
+    return sorted({rel.split("/", 1)[0] for rel, _ in items if "/" in rel})
+
+
+def _no_metadata_file(root: str, items: list[tuple[str, RemoteObject]]) -> None:
+    """Refuse a prefix holding a Hugging Face ``metadata.csv`` / ``metadata.jsonl``: locally its folder is read through that file,
+    so reading it as an ImageFolder here would serve other samples. Its URL is the manifest to pass."""
+    from lightning_lmdb.sources.manifest import METADATA_NAMES
+
+    found = [rel for rel, _ in items if rel in METADATA_NAMES]
+    if found:
+        raise SourceError(f"{redact(root)}/ holds {found[0]}: a Hugging Face image folder (a prefix) is read through its metadata file: "
+                          f"pass the file itself as the source ({redact(root)}/{found[0]}).")
 
 
 def has_images(url: str) -> bool:
@@ -303,6 +316,7 @@ def scan_prefix(url: str, classes: tuple[str, ...] | list[str] | None = None) ->
     root = objectstore.root_of(url)
     shown = urls.redact(root)
     items = objectstore.relative_items(objectstore.listing(root), root)
+    _no_metadata_file(root, items)
     found = sorted({rel.split("/", 1)[0] for rel, _ in items if "/" in rel})
     class_to_idx = {name: k for k, name in enumerate(found)}
     folders = dict(class_to_idx)
