@@ -93,7 +93,8 @@ def local_bytes_of(folder: Path, relpath: str) -> bytes:
     return (folder / relpath).read_bytes()
 
 
-def test_an_object_overwritten_after_the_scan_fails_the_build_naming_it(images: tuple[Path, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_an_object_overwritten_after_the_scan_fails_the_build_naming_it(images: tuple[Path, str], tmp_path: Path, workers: int) -> None:
     local, prefix = images
     scan = scan_source(prefix)
     victim = scan.files[3]
@@ -102,7 +103,7 @@ def test_an_object_overwritten_after_the_scan_fails_the_build_naming_it(images: 
     from lightning_lmdb.options import BuildOptions
 
     with pytest.raises(RemoteChangedError) as caught:
-        _Writer(scan, tmp_path / "x.lmdb", BuildOptions(workers=0, progress=False, commit_every=2)).run()
+        _Writer(scan, tmp_path / "x.lmdb", BuildOptions(workers=workers, progress=False, commit_every=2)).run()
     message = str(caught.value)
     assert urls.redact(victim.path) in message and "changed since it was listed" in message and "a rerun resumes" in message
     assert SECRET not in message and KEY not in message
@@ -159,6 +160,15 @@ def test_a_missing_bucket_or_prefix_is_one_clear_line(s3: S3Server, bucket: str,
     assert f"{bucket}/nothing" in str(missing.value) and "\n" not in str(missing.value)
     with pytest.raises(FileNotFoundError, match="not supported for object storage yet"):
         scan_source(f"{bucket}/coco/instances.json")
+    for name in ("images/a.jpg", "labels/a.txt"):
+        objects.write(f"{bucket}/yolo/{name}", b"x")
+    with pytest.raises(SourceError, match="YOLO folder.*not supported for s3:// sources yet"):
+        scan_source(f"{bucket}/yolo/")
+    from lightning_lmdb.datamodule.module import LMDBDataModule
+
+    with pytest.raises(RemoteNotFoundError) as construction:
+        LMDBDataModule("s3://no-such-bucket-llmdb/train/", cache_dir=tmp_path / "c", storage_options=s3.options)
+    assert "no such bucket" in str(construction.value) and "\n" not in str(construction.value)
     objects.write(f"{bucket}/flat/a.txt", b"x")
     with pytest.raises(SourceError, match="No images found"):
         scan_source(f"{bucket}/flat")

@@ -309,7 +309,8 @@ class _Writer:
                         where = "" if self.shard is None else f" of {self.target.name}"
                         origin = f"{files[index].origin}: " if files[index].origin else ""
                         raise BuildError(
-                            f"{origin}{files[index].path}: {error}\nNothing was lost: the {_plural(index, 'file')}{where} before it "
+                            f"{origin}{_shown_path(files[index].path)}: {error}\nNothing was lost: the {_plural(index, 'file')}{where} "
+                            f"before it "
                             f"{'is' if index == 1 else 'are'} committed and a rerun resumes there. "
                             f"Fix or remove the file, or {_SKIP_HINT}."
                         )
@@ -437,7 +438,7 @@ class _Writer:
             class_to_idx=class_to_idx,
             checksum=fmt.CHECKSUM_ALGO,
             source=fmt.SourceInfo(
-                root=_shown_root(self.scan.root), num_files=len(self.scan.files) + len(self.scan.special),
+                root=_shown_path(self.scan.root), num_files=len(self.scan.files) + len(self.scan.special),
                 bytes=self.scan.total_bytes, fingerprint=self.scan.fingerprint(),
             ),
             options={**self.options, "on_error": self.on_error,
@@ -476,9 +477,9 @@ class _Writer:
         return len(kept)
 
 
-def _shown_root(root: Any) -> str:
-    """The source's root as the metadata records it: the folder, or a URL redacted (never a credential in it)."""
-    return urls.redact(str(root)) if urls.is_remote(root) else str(root)
+def _shown_path(path: Any) -> str:
+    """A source path (its root, a file) as the metadata and messages show it: as it is, or a URL redacted (no credential in it)."""
+    return urls.redact(str(path)) if urls.is_remote(path) else str(path)
 
 
 def _check_mask_build(scan: masks.MaskScan, options: BuildOptions, shard: fmt.ShardInfo | None) -> None:

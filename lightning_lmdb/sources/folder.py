@@ -281,15 +281,22 @@ def prefix_classes(url: str) -> list[str]:
     """The class prefixes under ``url``, sorted (ImageFolder's ``find_classes``); ``[]`` for a flat prefix. One listing."""
     root = objectstore.root_of(url)
     items = objectstore.relative_items(objectstore.listing(root), root)
-    _no_metadata_file(root, items)
+    _refuse_other_layouts(root, items)
     return sorted({rel.split("/", 1)[0] for rel, _ in items if "/" in rel})
 
 
-def _no_metadata_file(root: str, items: list[tuple[str, RemoteObject]]) -> None:
-    """Refuse a prefix holding a Hugging Face ``metadata.csv`` / ``metadata.jsonl``: locally its folder is read through that file,
-    so reading it as an ImageFolder here would serve other samples. Its URL is the manifest to pass."""
+def _refuse_other_layouts(root: str, items: list[tuple[str, RemoteObject]]) -> None:
+    """Refuse a prefix laid out as another source kind, which a local folder of that layout would be read as: a YOLO folder
+    (``images/`` beside ``labels/``) or a Pascal VOC one (``Annotations/`` beside ``JPEGImages/``), not supported on object
+    storage yet; or a Hugging Face folder holding ``metadata.csv`` / ``metadata.jsonl``, whose URL is the manifest to pass.
+    Reading any of them as an ImageFolder would serve other samples."""
     from lightning_lmdb.sources.manifest import METADATA_NAMES
 
+    heads = {rel.split("/", 1)[0] for rel, _ in items if "/" in rel}
+    for kind, layout in (("A YOLO folder (images/ beside labels/)", {"images", "labels"}),
+                         ("A Pascal VOC folder (Annotations/ beside JPEGImages/)", {"Annotations", "JPEGImages"})):
+        if layout <= heads:
+            raise objectstore.refuse(kind, root)
     found = [rel for rel, _ in items if rel in METADATA_NAMES]
     if found:
         raise SourceError(f"{redact(root)}/ holds {found[0]}: a Hugging Face image folder (a prefix) is read through its metadata file: "
@@ -316,7 +323,7 @@ def scan_prefix(url: str, classes: tuple[str, ...] | list[str] | None = None) ->
     root = objectstore.root_of(url)
     shown = urls.redact(root)
     items = objectstore.relative_items(objectstore.listing(root), root)
-    _no_metadata_file(root, items)
+    _refuse_other_layouts(root, items)
     found = sorted({rel.split("/", 1)[0] for rel, _ in items if "/" in rel})
     class_to_idx = {name: k for k, name in enumerate(found)}
     folders = dict(class_to_idx)
