@@ -428,7 +428,7 @@ class SourceFile:
     """One image file of a scanned source.
 
     Attributes:
-        path: Absolute path of the file.
+        path: Absolute path of the file (an object's URL on object storage).
         relpath: Path relative to the source root, with ``/`` separators (an absolute path for a manifest row that
             names one outside the root).
         target: The sample's :data:`Target`: a class index, ``NO_TARGET`` for a source without labels, a tuple of class
@@ -462,7 +462,8 @@ class SourceScan:
     """The result of scanning a source.
 
     Attributes:
-        root: The resolved source (the folder the relative paths are relative to).
+        root: The resolved source (the folder the relative paths are relative to); on object storage its URL, a string
+            (``s3://bucket/train``, no trailing ``/``: :mod:`lightning_lmdb.sources.objectstore`).
         classes: Class names in index order (empty without labels).
         class_to_idx: Class name to index.
         files: Samples in the source's order (ImageFolder order for a folder, the rows' order for a manifest).
