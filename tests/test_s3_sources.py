@@ -148,6 +148,8 @@ def test_the_listings_of_a_manifest_are_one_per_prefix(images: tuple[Path, str],
     monkeypatch.setattr(objects, "stat", lambda url: pytest.fail("a HEAD per object"))
     scan = scan_source(f"{prefix}m.csv")
     assert len(scan.files) == len(rels) and len(listed) == len({rel.split("/")[0] for rel in rels})
+    listed.clear()
+    assert len(scan_source(prefix).files) == len(rels) and listed == [prefix], "a prefix's scan is one listing"
 
 
 def test_a_missing_bucket_or_prefix_is_one_clear_line(s3: S3Server, bucket: str, tmp_path: Path) -> None:
