@@ -198,7 +198,7 @@ def test_train_run_passes_storage_options_and_saves_none(tmp_path: Path, s3: S3S
         cfg = compose("train", overrides=overrides)
     assert train.storage_options(cfg) == _options(s3)
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        assert train.storage_options(compose("train", overrides=TINY)) is None, "the default {}: none"
+        assert train.storage_options(compose("train", overrides=TINY)) is None, "the default (null): none"
     train.run(cfg, tmp_path / "out")
     assert (tmp_path / "out" / "perf_summary.json").exists()
     assert files_holding(tmp_path / "out", SECRET, KEY) == [] and files_holding(tmp_path / "lmdb", SECRET, KEY) == []
