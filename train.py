@@ -50,7 +50,14 @@ from lightning_lmdb.experiment.demo import (
     make_segmentation_demo,
 )
 from lightning_lmdb.experiment.report import SUMMARY_NAME
-from lightning_lmdb.experiment.secrets import RedactingRecordFactory, override_secrets, redact_override, redact_yaml_file
+from lightning_lmdb.experiment.secrets import (
+    RedactingRecordFactory,
+    option_values,
+    override_secrets,
+    redact_override,
+    redact_text,
+    redact_yaml_file,
+)
 from lightning_lmdb.tools.cli import EXIT_ERROR, describe_error
 
 log = logging.getLogger("train")
@@ -60,10 +67,10 @@ _EXPECTED_ERRORS = (lightning_lmdb.LightningLMDBError, OSError, lmdb.Error, Omeg
 
 
 #: The secrets given on the command line (values of overrides under ``storage_options``): redacted from every log record,
-#: whoever logs it (Hydra's launcher logs each job's overrides), and from Hydra's files (:func:`redact_hydra_files`).
+#: whoever logs it (Hydra's launcher logs each job's overrides), from Hydra's files (:func:`redact_hydra_files`) and from an
+#: error line; each run adds the values of its composed ``data.storage_options`` (:func:`remember_secrets`).
 COMMAND_LINE_SECRETS = override_secrets(sys.argv[1:])
-if __name__ == "__main__":
-    RedactingRecordFactory.install(COMMAND_LINE_SECRETS)
+_LOG_REDACTION = RedactingRecordFactory.install(COMMAND_LINE_SECRETS) if __name__ == "__main__" else None
 
 
 #: The demo kinds (``demo.kind``).
@@ -127,6 +134,15 @@ def redact_hydra_files() -> list[Path]:
     return [path for path in files if redact_yaml_file(path, secrets)]
 
 
+def remember_secrets(cfg: DictConfig) -> None:
+    """Redact the values of ``data.storage_options`` (from a config file, an override or the environment) from the log records
+    and an error line of this process too."""
+    values = option_values(storage_options(cfg))
+    COMMAND_LINE_SECRETS[:] = sorted({*COMMAND_LINE_SECRETS, *values}, key=len, reverse=True)
+    if _LOG_REDACTION is not None:
+        _LOG_REDACTION.add(values)
+
+
 def storage_options(cfg: DictConfig) -> dict[str, Any] | None:
     """``data.storage_options`` as a plain dict (its ``${oc.env:...}`` references resolved), or ``None`` when unset or empty."""
     options = cfg.data.get("storage_options")
@@ -173,7 +189,7 @@ def one_line_errors() -> Iterator[None]:
         if reported is None:
             raise
         sys.stdout.flush()
-        print(f"train.py: error: {error_line(reported)}", file=sys.stderr)
+        print(f"train.py: error: {redact_text(error_line(reported), COMMAND_LINE_SECRETS)}", file=sys.stderr)
         sys.exit(EXIT_ERROR)
 
 
@@ -227,6 +243,7 @@ def main(cfg: DictConfig) -> None:
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     with one_line_errors():
         redact_hydra_files()  # before anything else runs: storage_options never stay in .hydra/
+        remember_secrets(cfg)
         summary = run(cfg, output_dir)
     where = {
         "summary": output_dir / SUMMARY_NAME,

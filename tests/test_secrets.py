@@ -184,6 +184,8 @@ def test_redaction_of_configs_overrides_and_text() -> None:
     assert KEY in found and SECRET in found and "true" not in found
     assert secrets.redact_text(f"#0 : data=raw '+data.storage_options.secret={SECRET}' n=1", ()) == \
         "#0 : data=raw '+data.storage_options.secret=***' n=1"
+    values = secrets.option_values({"key": KEY, "secret": SECRET, "anon": "true", "n": 3, "token": "${oc.env:T}", "c": {"x": "abc"}})
+    assert values == [SECRET, KEY, "abc"], "string leaves, longest first; plain words, numbers and references left out"
 
 
 def test_yaml_file_rewritten_only_when_it_holds_one(tmp_path: Path) -> None:
@@ -228,6 +230,24 @@ def test_train_run_passes_storage_options_and_saves_none(tmp_path: Path, s3: S3S
     train.run(cfg, tmp_path / "out")
     assert (tmp_path / "out" / "perf_summary.json").exists()
     assert files_holding(tmp_path / "out", SECRET, KEY) == [] and files_holding(tmp_path / "lmdb", SECRET, KEY) == []
+
+
+def test_an_error_line_never_shows_a_storage_option(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.py's one-line error: the values of the run's data.storage_options are redacted from it (wherever they came from)."""
+    from omegaconf import OmegaConf
+
+    sys.path.insert(0, str(ROOT))
+    try:
+        import train
+    finally:
+        sys.path.remove(str(ROOT))
+    monkeypatch.setattr(train, "COMMAND_LINE_SECRETS", [])
+    monkeypatch.setenv("LLMDB_TEST_SECRET", SECRET)
+    train.remember_secrets(OmegaConf.create({"data": {"storage_options": {"secret": "${oc.env:LLMDB_TEST_SECRET}"}}}))
+    with pytest.raises(SystemExit) as exited, train.one_line_errors():
+        raise OSError(f"could not sign with {SECRET}")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and SECRET not in err and "could not sign with ***" in err
 
 
 def _train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -102,6 +102,22 @@ def override_secrets(overrides: Iterable[str]) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
+def option_values(options: Any) -> list[str]:
+    """The string leaves of a ``storage_options`` mapping that could be secrets (plain words such as ``true`` left out, and
+    environment references), longest first: what :func:`redact_text` replaces."""
+    found: set[str] = set()
+    stack = [options]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Mapping):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, str) and value.strip().lower() not in _PLAIN and not is_env_reference(value):
+            found.add(value)
+    return sorted(found, key=len, reverse=True)
+
+
 def redact_text(text: str, secrets: Iterable[str]) -> str:
     """``text`` with every one of ``secrets`` replaced by ``"***"`` and every override under ``storage_options`` in it
     (``...storage_options.X=VALUE``: a quoted value, a ``{...}`` mapping, or up to a space, comma or quote) redacted."""
@@ -146,6 +162,10 @@ class RedactingRecordFactory:
     def __init__(self, secrets: Iterable[str], base: Callable[..., logging.LogRecord] | None = None):
         self.secrets = [s for s in secrets if s]
         self.base = base or logging.getLogRecordFactory()
+
+    def add(self, secrets: Iterable[str]) -> None:
+        """Redact ``secrets`` too from now on (e.g. the values of a config's ``storage_options``, once composed)."""
+        self.secrets = sorted({*self.secrets, *(s for s in secrets if s)}, key=len, reverse=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
         record = self.base(*args, **kwargs)
