@@ -25,6 +25,10 @@ Parts (each prints a markdown table):
   images/s.
 
 Parts whose library code is missing (published databases, S3 sources) are skipped with a line that says so.
+
+Caveats: the concurrency is set as ``objects.FETCH_CONCURRENCY`` and ``objects.read_many``'s default in this process, which
+the build's reader processes inherit when they are forked (not when spawned). "cold" evicts the database's pages with
+``posix_fadvise``, which a tmpfs ignores: put ``--work`` on a disk (a temporary folder in ``/tmp`` may be a tmpfs).
 """
 
 from __future__ import annotations
