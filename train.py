@@ -35,7 +35,7 @@ from hydra.errors import HydraException, InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 import lightning_lmdb
@@ -50,12 +50,27 @@ from lightning_lmdb.experiment.demo import (
     make_segmentation_demo,
 )
 from lightning_lmdb.experiment.report import SUMMARY_NAME
+from lightning_lmdb.experiment.secrets import (
+    RedactingRecordFactory,
+    option_values,
+    override_secrets,
+    redact_override,
+    redact_text,
+    redact_yaml_file,
+)
 from lightning_lmdb.tools.cli import EXIT_ERROR, describe_error
 
 log = logging.getLogger("train")
 
 #: Failures of the input, the config or the disk: one line, no traceback (the project's own errors count too).
 _EXPECTED_ERRORS = (lightning_lmdb.LightningLMDBError, OSError, lmdb.Error, OmegaConfBaseException, HydraException)
+
+
+#: The secrets given on the command line (values of overrides under ``storage_options``): redacted from every log record,
+#: whoever logs it (Hydra's launcher logs each job's overrides), from Hydra's files (:func:`redact_hydra_files`) and from an
+#: error line; each run adds the values of its composed ``data.storage_options`` (:func:`remember_secrets`).
+COMMAND_LINE_SECRETS = override_secrets(sys.argv[1:])
+_LOG_REDACTION = RedactingRecordFactory.install(COMMAND_LINE_SECRETS) if __name__ == "__main__" else None
 
 
 #: The demo kinds (``demo.kind``).
@@ -104,6 +119,43 @@ def use_demo(cfg: DictConfig) -> Path:
     return demo
 
 
+def redact_hydra_files() -> list[Path]:
+    """Rewrite what Hydra wrote for this job -- ``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``, and a multirun's
+    ``multirun.yaml`` -- with every value under ``storage_options`` (and every override of one) as ``***``
+    (:mod:`lightning_lmdb.experiment.secrets`); ``${oc.env:NAME}`` references are kept. Returns the files rewritten.
+    """
+    hydra_cfg = HydraConfig.get()
+    output_dir = Path(hydra_cfg.runtime.output_dir)
+    files = [output_dir / hydra_cfg.output_subdir / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml")
+             if hydra_cfg.output_subdir is not None]
+    if hydra_cfg.mode is not None and hydra_cfg.mode.name == "MULTIRUN":
+        files.append(Path(hydra_cfg.sweep.dir) / "multirun.yaml")
+    secrets = [*COMMAND_LINE_SECRETS, *override_secrets(hydra_cfg.overrides.task)]
+    return [path for path in files if redact_yaml_file(path, secrets)]
+
+
+def remember_secrets(cfg: DictConfig) -> None:
+    """Redact the values of ``data.storage_options`` (from a config file, an override or the environment) from the log records
+    and an error line of this process too."""
+    values = option_values(storage_options(cfg))
+    COMMAND_LINE_SECRETS[:] = sorted({*COMMAND_LINE_SECRETS, *values}, key=len, reverse=True)
+    if _LOG_REDACTION is not None:
+        _LOG_REDACTION.add(values)
+
+
+def storage_options(cfg: DictConfig) -> dict[str, Any] | None:
+    """``data.storage_options`` as a plain dict (its ``${oc.env:...}`` references resolved), or ``None`` when unset or empty."""
+    options = cfg.data.get("storage_options")
+    if options is None:
+        return None
+    plain = OmegaConf.to_container(options, resolve=True) if isinstance(options, DictConfig) else options
+    if not isinstance(plain, dict):
+        raise lightning_lmdb.errors.OptionError("data.storage_options must be a mapping of fsspec options (e.g. "
+                                                "+data.storage_options.endpoint_url=http://...), not a "
+                                                f"{type(plain).__name__}.")
+    return plain or None
+
+
 def expected_error(exc: BaseException) -> BaseException | None:
     """The exception to report in one line for ``exc``, or ``None`` when ``exc`` is a bug (its traceback is wanted).
 
@@ -137,7 +189,7 @@ def one_line_errors() -> Iterator[None]:
         if reported is None:
             raise
         sys.stdout.flush()
-        print(f"train.py: error: {error_line(reported)}", file=sys.stderr)
+        print(f"train.py: error: {redact_text(error_line(reported), COMMAND_LINE_SECRETS)}", file=sys.stderr)
         sys.exit(EXIT_ERROR)
 
 
@@ -158,7 +210,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     if cfg.data.train_dir is None:
         demo = use_demo(cfg)
         log.info("No data.train_dir given: using the demo dataset in %s", demo)
-    datamodule = instantiate(cfg.data)
+    datamodule = instantiate(cfg.data, storage_options=storage_options(cfg))  # plain values; in memory only, never logged
     kind = datamodule.target_kind  # the model's loss follows it; its head has one output per class, or per regression value
     outputs = len(datamodule.target_names) if kind == "regression" else datamodule.num_classes
     # class targets: num_classes alone, as before (a model of yours need not take the others); masks: their ignore value too
@@ -170,7 +222,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     meta["model"] = type(model).__name__
     meta["repeat"] = cfg.get("ab", {}).get("repeat", 0)
     if HydraConfig.initialized():  # the report's arms: every override but the backend and the repeat (report.arm_overrides)
-        meta["overrides"] = list(HydraConfig.get().overrides.task)
+        meta["overrides"] = [redact_override(o) for o in HydraConfig.get().overrides.task]  # storage_options: ***
     monitor = PerfMonitor(output_dir / SUMMARY_NAME, backend=datamodule.backend, meta=meta)
     loggers = [CSVLogger(output_dir, name="csv"), TensorBoardLogger(output_dir, name="tensorboard")]
     callbacks: list[pl.Callback] = [monitor]
@@ -190,6 +242,8 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: one run (a multirun's comparison is written at its end by ``ABReport``)."""
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     with one_line_errors():
+        redact_hydra_files()  # before anything else runs: storage_options never stay in .hydra/
+        remember_secrets(cfg)
         summary = run(cfg, output_dir)
     where = {
         "summary": output_dir / SUMMARY_NAME,
