@@ -66,11 +66,11 @@ def test_push_then_pull_serves_the_same_records(kind: str, built: dict[str, Path
         assert marker["parts"][0]["etag"].endswith("-3"), "a 12 MiB file goes up in 3 parts of 5 MiB"
     again = push(built[kind], url, progress=False, block_size=BLOCK)
     assert again.action == "up-to-date" and again.bytes_uploaded == 0
-    staged = pull(url, tmp_path / "local")
+    staged = staging.stage_remote(url, tmp_path / "local")
     assert staged.action == "copied" and staged.path == tmp_path / "local" / f"{kind}.lmdb"
     assert _samples(staged.path) == _samples(built[kind])
-    assert pull(url, tmp_path / "local").action == "up-to-date"
-    assert pull(url, tmp_path / "local").bytes_copied == 0
+    again = staging.stage_remote(url, tmp_path / "local")
+    assert again.action == "up-to-date" and again.bytes_copied == 0
 
 
 @pytest.mark.slow
@@ -86,12 +86,12 @@ def test_a_killed_upload_is_never_served_and_a_rerun_resumes(built: dict[str, Pa
                             timeout=120, capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     with pytest.raises(RemoteIncompleteError, match="the upload did not finish: rerun the push") as info:
-        pull(url, tmp_path / "local")
+        pull(url, tmp_path / "local" / "x.lmdb")
     assert "\n" not in str(info.value) and SECRET not in str(info.value)
     report = push(built["one"], url, progress=False, block_size=BLOCK)
     size = built["one"].stat().st_size
     assert report.action == "resumed" and 0 < report.bytes_uploaded < size
-    assert _samples(pull(url, tmp_path / "local").path) == _samples(built["one"])
+    assert _samples(pull(url, tmp_path / "local" / "x.lmdb").path) == _samples(built["one"])
 
 
 def test_a_dropped_download_resumes_and_a_bad_block_is_refused(built: dict[str, Path], bucket: str, tmp_path: Path,
@@ -157,13 +157,13 @@ def test_a_remote_database_without_its_marker_is_one_clear_line(built: dict[str,
     push(built["sharded"], url, progress=False, block_size=BLOCK)
     objects.delete([published.marker_url(url)])
     with pytest.raises(RemoteIncompleteError, match="no lightning_lmdb.json") as info:
-        pull(url, tmp_path)
+        pull(url, tmp_path / "x.lmdb")
     assert "\n" not in str(info.value)
     push(built["sharded"], url, progress=False, block_size=BLOCK)  # parts there: only the marker is written
     shard = next(p for p in published.read_marker(url).parts if p.path.startswith("shard-"))
     objects.write(published.read_marker(url).part_url(shard), b"truncated")
     with pytest.raises(RemoteIncompleteError, match=rf"its part {shard.path} is 9 bytes"):
-        pull(url, tmp_path)
+        pull(url, tmp_path / "x.lmdb")
 
 
 def test_datamodule_stages_a_remote_database(built: dict[str, Path], bucket: str, s3: S3Server, tmp_path: Path) -> None:
@@ -189,10 +189,10 @@ def test_cli_push_pull_round_trip(built: dict[str, Path], s3: S3Server, tmp_path
     url = s3.bucket("cli") + "/x.lmdb"
     options = [f"--storage-option=endpoint_url={s3.endpoint}", f"--storage-option=key={KEY}", f"--storage-option=secret={SECRET}"]
     assert main(["push", str(built["one"]), url, "--quiet", *options]) == 0
-    assert main(["pull", url, str(tmp_path / "local"), *options]) == 0
+    assert main(["pull", url, str(tmp_path / "local" / "y.lmdb"), *options]) == 0
     out = capsys.readouterr()
     assert "pushed" in out.out and "copied" in out.out and SECRET not in out.out + out.err
-    assert (tmp_path / "local" / "x.lmdb").read_bytes() == built["one"].read_bytes()
+    assert (tmp_path / "local" / "y.lmdb").read_bytes() == built["one"].read_bytes()
     assert main(["pull", url.replace("x.lmdb", "none.lmdb"), str(tmp_path / "l2"), *options]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the upload did not finish" in err and SECRET not in err

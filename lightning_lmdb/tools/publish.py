@@ -7,6 +7,7 @@ are in :mod:`lightning_lmdb.store.published`; the download in :func:`lightning_l
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from lightning_lmdb.store.published import PushReport, open_published, push
 from lightning_lmdb.tools.staging import StageReport, stage_remote
@@ -14,6 +15,8 @@ from lightning_lmdb.tools.staging import StageReport, stage_remote
 __all__ = ["PushReport", "StageReport", "open_published", "pull", "push"]
 
 
-def pull(url: str, local_dir: str | os.PathLike[str]) -> StageReport:
-    """Download the published database ``url`` into the folder ``local_dir`` (:func:`~lightning_lmdb.tools.staging.stage_remote`)."""
-    return stage_remote(url, local_dir)
+def pull(url: str, path: str | os.PathLike[str]) -> StageReport:
+    """Download the published database ``url`` to the local database ``path`` (a file, or a sharded folder), checked block by
+    block, resumable, skipped when current (:func:`~lightning_lmdb.tools.staging.stage_remote`)."""
+    path = Path(path).expanduser().absolute()
+    return stage_remote(url, path.parent, name=path.name)

@@ -340,17 +340,19 @@ class _RemoteIdentity:
     build_id: str
 
 
-def remote_staged_path(url: str, local_dir: str | os.PathLike[str]) -> Path:
-    """Where :func:`stage_remote` puts the copy of the remote database ``url``: ``local_dir/<last part of the URL>``."""
-    return Path(local_dir).expanduser() / urls.name(url)
+def remote_staged_path(url: str, local_dir: str | os.PathLike[str], name: str | None = None) -> Path:
+    """Where :func:`stage_remote` puts the copy of the remote database ``url``: ``local_dir/<name>``, by default
+    ``local_dir/<last part of the URL>``."""
+    return Path(local_dir).expanduser() / (name or urls.name(url))
 
 
-def stage_remote(url: str, local_dir: str | os.PathLike[str]) -> StageReport:
+def stage_remote(url: str, local_dir: str | os.PathLike[str], *, name: str | None = None) -> StageReport:
     """Download the published database ``url`` to ``local_dir`` (or keep the copy already there), checked block by block.
 
     Args:
         url: A database published with :func:`lightning_lmdb.store.published.push` (``s3://bucket/train.lmdb``).
         local_dir: A folder on the node's local disk (created if missing).
+        name: The copy's name in ``local_dir`` (default: the URL's last part, ``train.lmdb``).
 
     Returns:
         A :class:`StageReport` (``bytes_copied``: the bytes downloaded); its ``path`` is the copy to read.
@@ -363,7 +365,7 @@ def stage_remote(url: str, local_dir: str | os.PathLike[str]) -> StageReport:
     """
     started = time.perf_counter()
     marker = published.open_published(url.rstrip("/"))
-    target = remote_staged_path(marker.url, local_dir)
+    target = remote_staged_path(marker.url, local_dir, name)
     if marker.layout == "file":
         part = marker.parts[0]
         target.parent.mkdir(parents=True, exist_ok=True)
