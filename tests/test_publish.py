@@ -13,7 +13,7 @@ from imagegen import make_jpegs
 from s3kit import KEY, SECRET, S3Server
 
 from lightning_lmdb import LMDBImageDataset, build_lmdb
-from lightning_lmdb.errors import OptionError, RemoteExistsError, RemoteIncompleteError, StagingError
+from lightning_lmdb.errors import OptionError, RemoteChangedError, RemoteExistsError, RemoteIncompleteError, StagingError
 from lightning_lmdb.remote import fs, objects
 from lightning_lmdb.store import envs, published
 from lightning_lmdb.tools import staging
@@ -43,7 +43,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     src = make_jpegs(root / "src", 42, size=320, classes=3)
     one = build_lmdb(src, root / "one" / "train.lmdb", workers=0, progress=False, storage="decoded")
     sharded = build_lmdb(src, root / "sharded" / "train.lmdb", workers=2, progress=False, storage="encoded", shards=3)
-    return {"one": one, "sharded": sharded}
+    return {"one": one, "sharded": sharded, "src": src}
 
 
 def _samples(path: Path) -> list[tuple[bytes, int]]:
@@ -117,6 +117,21 @@ def test_a_dropped_download_resumes_and_a_bad_block_is_refused(built: dict[str, 
     report = staging.stage_remote(url, local)
     assert report.action == "resumed" and report.bytes_copied == size - 3 * BLOCK
     assert (local / "dl.lmdb").read_bytes() == built["one"].read_bytes()
+    # a part replaced mid-download fails at once (If-Match), naming it
+    real_read, calls = objects.read, []
+
+    def replaced_after_one(target: str, **kwargs: object) -> bytes:
+        calls.append(target)
+        if len(calls) == 2 and "/parts/" in target:
+            objects.write(target, b"replaced")
+        return real_read(target, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(objects, "read", replaced_after_one)
+    with pytest.raises(RemoteChangedError, match=r"dl\.lmdb/parts/.* was replaced during the download"):
+        staging.stage_remote(url, tmp_path / "changed")
+    monkeypatch.setattr(objects, "read", real_read)
+    push_again = objects.upload(str(built["one"]), published.read_marker(url).part_url(published.read_marker(url).parts[0]))
+    assert push_again == published.read_marker(url).parts[0].etag
     # a block that does not match the marker's digest is refused, never recorded
     marker = published.read_marker(url)
     doctored = json.loads(marker.to_json())
@@ -196,3 +211,45 @@ def test_cli_push_pull_round_trip(built: dict[str, Path], s3: S3Server, tmp_path
     assert main(["pull", url.replace("x.lmdb", "none.lmdb"), str(tmp_path / "l2"), *options]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the upload did not finish" in err and SECRET not in err
+
+
+def test_build_to_s3_builds_in_work_dir_then_pushes(built: dict[str, Path], s3: S3Server, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_lmdb.errors import DiskFullError
+    from lightning_lmdb.tools.cli import main
+
+    url = s3.bucket("build") + "/built.lmdb"
+    options = [f"--storage-option=endpoint_url={s3.endpoint}", f"--storage-option=key={KEY}", f"--storage-option=secret={SECRET}"]
+    work = tmp_path / "work"
+    args = ["build", str(built["src"]), url, "--work-dir", str(work), "--workers", "0", "--quiet", *options]
+    assert main(args) == 0
+    assert "pushed" in capsys.readouterr().out
+    assert (work / "built.lmdb").is_file() and objects.exists(published.marker_url(url))
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "up-to-date" in out and " 0 bytes uploaded" in out
+    copy = staging.stage_remote(url, tmp_path / "local")
+    assert copy.path.read_bytes() == (work / "built.lmdb").read_bytes()
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and (SECRET.encode() in p.read_bytes() or KEY.encode() in p.read_bytes())]
+    assert not leaked, "storage options never reach the disk"
+    # too little space: refused before building, naming work_dir
+    full = type("Usage", (), {"free": 1000})()
+    monkeypatch.setattr("shutil.disk_usage", lambda path: full)
+    with pytest.raises(DiskFullError, match=r"work_dir .*too little free space"):
+        build_lmdb(built["src"], s3.bucket("full") + "/x.lmdb", work_dir=tmp_path / "w2", workers=0, progress=False)
+    assert not (tmp_path / "w2" / "x.lmdb").exists()
+    with pytest.raises(DiskFullError, match=r"local_dir .*needs [\d,]+ more bytes"):
+        staging.stage_remote(url, tmp_path / "l3")
+
+
+def test_storage_options_parse_and_a_prefix_without_marker_is_no_database(bucket: str) -> None:
+    from lightning_lmdb.datamodule.options import remote_databases
+    from lightning_lmdb.tools.cli import parse_storage_options
+
+    assert parse_storage_options(["anon=true", "retries=3", "endpoint_url=http://h:9000", "use_ssl=False"]) == {
+        "anon": True, "retries": 3, "endpoint_url": "http://h:9000", "use_ssl": False}
+    with pytest.raises(OptionError, match="KEY=VALUE") as info:
+        parse_storage_options([SECRET])
+    assert SECRET not in str(info.value)
+    objects.write(f"{bucket}/images/c0/a.jpg", b"not read here")
+    assert remote_databases({"train": f"{bucket}/images", "val": None}, None) == {}

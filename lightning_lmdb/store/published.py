@@ -315,8 +315,11 @@ def push(path: str | os.PathLike[str], url: str, *, progress: bool = True, block
     if existing is not None and existing.build_id != build_id:
         raise _exists(url, existing.build_id)
     if existing is not None:
-        check_parts(existing)
-        return PushReport(shown, "up-to-date", build_id, 0, len(existing.parts), time.perf_counter() - started)
+        try:
+            check_parts(existing)
+            return PushReport(shown, "up-to-date", build_id, 0, len(existing.parts), time.perf_counter() - started)
+        except RemoteIncompleteError:
+            pass  # this build's marker, a part lost since: uploaded again below, the marker kept
     state = state_dir(path)
     prefix = parts_prefix(url, build_id)
     parts = []
@@ -346,6 +349,8 @@ def push(path: str | os.PathLike[str], url: str, *, progress: bool = True, block
             for future in [pool.submit(send, part, file) for part, file in todo]:
                 future.result()
     check_parts(marker)  # one listing: every part there, as uploaded
+    if existing is not None:
+        return PushReport(shown, "resumed", build_id, meter.sent, len(parts), time.perf_counter() - started)
     try:
         objects.write(marker_url(url), marker.to_json(), if_absent=True)
     except RemoteExistsError:

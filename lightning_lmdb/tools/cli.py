@@ -204,14 +204,14 @@ def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
     """``--storage-option KEY=VALUE`` values as storage options: ``true`` / ``false`` as booleans, integers as ints, else strings.
 
     Raises:
-        OptionError: A value without ``=`` (the message names the key only, never a value).
+        OptionError: A value without ``=`` (the message does not show it: it may be a secret).
     """
     options: dict[str, Any] = {}
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise OptionError(f"--storage-option takes KEY=VALUE (e.g. endpoint_url=http://minio:9000); got one without '=' "
-                              f"(key {key.strip()[:40]!r}).")
+            raise OptionError("--storage-option takes KEY=VALUE (e.g. endpoint_url=http://minio:9000); one was given without '=' "
+                              "(not shown: it may be a secret).")
         lowered = value.strip().lower()
         parsed: Any = value
         if lowered in ("true", "false"):

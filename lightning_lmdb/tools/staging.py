@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_lmdb.build.writer import DiskFullError
-from lightning_lmdb.errors import OptionError, StagingError
+from lightning_lmdb.errors import OptionError, RemoteChangedError, StagingError
 from lightning_lmdb.remote import objects, urls
 from lightning_lmdb.store import database, published
 from lightning_lmdb.store import format as fmt
@@ -442,7 +442,12 @@ def _download(marker: published.Marker, part: published.PublishedPart, partial: 
         dst.truncate(start)
         for index in range(len(digests), len(part.blocks)):
             first = index * part.block_size
-            data = objects.read(source, etag=part.etag, start=first, end=min(part.size, first + part.block_size))
+            try:
+                data = objects.read(source, etag=part.etag, start=first, end=min(part.size, first + part.block_size))
+            except RemoteChangedError as exc:
+                raise RemoteChangedError(f"{urls.redact(source)} was replaced during the download (its ETag is no longer "
+                                         f"{part.etag}: pushed again?). Rerun: the download starts over from the new "
+                                         "marker.") from exc
             copied += len(data)
             if hashlib.sha256(data).hexdigest() != part.blocks[index]:
                 raise _block_mismatch(marker, part, index)
