@@ -118,18 +118,17 @@ def test_a_dropped_download_resumes_and_a_bad_block_is_refused(built: dict[str, 
     assert report.action == "resumed" and report.bytes_copied == size - 3 * BLOCK
     assert (local / "dl.lmdb").read_bytes() == built["one"].read_bytes()
     # a part replaced mid-download fails at once (If-Match), naming it
-    real_read, calls = objects.read, []
+    real_read_many = objects.read_many
 
-    def replaced_after_one(target: str, **kwargs: object) -> bytes:
-        calls.append(target)
-        if len(calls) == 2 and "/parts/" in target:
-            objects.write(target, b"replaced")
-        return real_read(target, **kwargs)  # type: ignore[arg-type]
+    def replaced_first(requests: list, concurrency: int = 1) -> list[bytes]:  # type: ignore[type-arg]
+        if "/parts/" in requests[0][0]:
+            objects.write(requests[0][0], b"replaced")
+        return real_read_many(requests, concurrency)
 
-    monkeypatch.setattr(objects, "read", replaced_after_one)
+    monkeypatch.setattr(objects, "read_many", replaced_first)
     with pytest.raises(RemoteChangedError, match=r"dl\.lmdb/parts/.* was replaced during the download"):
         staging.stage_remote(url, tmp_path / "changed")
-    monkeypatch.setattr(objects, "read", real_read)
+    monkeypatch.setattr(objects, "read_many", real_read_many)
     push_again = objects.upload(str(built["one"]), published.read_marker(url).part_url(published.read_marker(url).parts[0]))
     assert push_again == published.read_marker(url).parts[0].etag
     # a block that does not match the marker's digest is refused, never recorded

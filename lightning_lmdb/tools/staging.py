@@ -330,6 +330,8 @@ def _check(partial: Path, progress: Path, digests: list[str], block_size: int, s
 
 #: Test hook: ``LIGHTNING_LMDB_TEST_STAGE_REMOTE_KILL_AFTER=N`` kills the process once N downloaded blocks are recorded.
 REMOTE_FAULT_ENV = "LIGHTNING_LMDB_TEST_STAGE_REMOTE_KILL_AFTER"
+#: Blocks fetched at once (ranged GETs in flight; their bytes are held in memory until written, in order).
+FETCH_BLOCKS = 4
 
 
 @dataclass
@@ -440,24 +442,26 @@ def _download(marker: published.Marker, part: published.PublishedPart, partial: 
     with open(partial, "r+b" if partial.exists() else "wb") as dst:
         dst.seek(start)
         dst.truncate(start)
-        for index in range(len(digests), len(part.blocks)):
-            first = index * part.block_size
+        for first_index in range(len(digests), len(part.blocks), FETCH_BLOCKS):
+            indices = range(first_index, min(first_index + FETCH_BLOCKS, len(part.blocks)))
+            requests = [(source, part.etag, i * part.block_size, min(part.size, (i + 1) * part.block_size)) for i in indices]
             try:
-                data = objects.read(source, etag=part.etag, start=first, end=min(part.size, first + part.block_size))
+                fetched = objects.read_many(requests, concurrency=FETCH_BLOCKS)
             except RemoteChangedError as exc:
                 raise RemoteChangedError(f"{urls.redact(source)} was replaced during the download (its ETag is no longer "
                                          f"{part.etag}: pushed again?). Rerun: the download starts over from the new "
                                          "marker.") from exc
-            copied += len(data)
-            if hashlib.sha256(data).hexdigest() != part.blocks[index]:
-                raise _block_mismatch(marker, part, index)
-            dst.write(data)
-            dst.flush()
-            os.fsync(dst.fileno())
-            digests.append(part.blocks[index])
-            _write_record(progress, _record(identity, part.block_size, digests))  # type: ignore[arg-type]
-            if kill_after and _count_downloaded() >= kill_after:
-                os._exit(17)
+            for index, data in zip(indices, fetched, strict=True):
+                copied += len(data)
+                if hashlib.sha256(data).hexdigest() != part.blocks[index]:
+                    raise _block_mismatch(marker, part, index)
+                dst.write(data)
+                dst.flush()
+                os.fsync(dst.fileno())
+                digests.append(part.blocks[index])
+                _write_record(progress, _record(identity, part.block_size, digests))  # type: ignore[arg-type]
+                if kill_after and _count_downloaded() >= kill_after:
+                    os._exit(17)
     return copied
 
 
