@@ -252,3 +252,20 @@ def test_storage_options_parse_and_a_prefix_without_marker_is_no_database(bucket
     assert SECRET not in str(info.value)
     objects.write(f"{bucket}/images/c0/a.jpg", b"not read here")
     assert remote_databases({"train": f"{bucket}/images", "val": None}, None) == {}
+
+
+@pytest.mark.slow
+def test_two_publisher_processes_one_wins(built: dict[str, Path], s3: S3Server) -> None:
+    url = s3.bucket("race2") + "/both.lmdb"
+    fs.use_options(url, s3.options)
+    options = [f"--storage-option=endpoint_url={s3.endpoint}", f"--storage-option=key={KEY}", f"--storage-option=secret={SECRET}"]
+    script = "import sys; sys.path[:0] = sys.argv[1:2]; from lightning_lmdb.tools.cli import main; sys.exit(main(sys.argv[2:]))"
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(Path.cwd()), "push", str(built[kind]), url, "--quiet", *options],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for kind in ("one", "sharded")]
+    results = [(run.wait(timeout=120), *run.communicate()) for run in runs]
+    assert sorted(rc for rc, _, _ in results) == [0, 2], results
+    loser_err = next(err for rc, _, err in results if rc == 2)
+    assert "RemoteExistsError" not in loser_err and "is published already" in loser_err and SECRET not in loser_err
+    winner = published.open_published(url)
+    assert winner.build_id in loser_err
+    assert all(f"/parts/{winner.build_id}/" in o.url for o in objects.list_objects(f"{url}/parts")), "only the winner's parts stay"

@@ -172,7 +172,7 @@ async def _get_s3(filesystem: Any, url: str, etag: str | None, start: int | None
                 raise _translated(exc, url, "read", etag) from exc
             last = exc
         except Exception as exc:  # noqa: BLE001 -- aiohttp's payload and timeout errors are not OSErrors
-            if _precondition_failed(exc):
+            if _precondition_failed(exc) or "NoCredentialsError" in type(exc).__name__:  # no retry helps either
                 raise _translated(exc, url, "read", etag) from exc
             last = exc
         if attempt + 1 < fs.RETRIES:
