@@ -207,6 +207,9 @@ def test_cli_push_pull_round_trip(built: dict[str, Path], s3: S3Server, tmp_path
     out = capsys.readouterr()
     assert "pushed" in out.out and "copied" in out.out and SECRET not in out.out + out.err
     assert (tmp_path / "local" / "y.lmdb").read_bytes() == built["one"].read_bytes()
+    assert main(["info", url, *options]) == 0
+    shown = capsys.readouterr().out
+    assert "complete" in shown and "layout: file" in shown and SECRET not in shown
     assert main(["pull", url.replace("x.lmdb", "none.lmdb"), str(tmp_path / "l2"), *options]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the upload did not finish" in err and SECRET not in err

@@ -248,9 +248,29 @@ def _add_storage_option(parser: argparse.ArgumentParser) -> None:
                              "~/.aws); never printed or saved")
 
 
+def _info_remote(args: argparse.Namespace) -> int:
+    """``info URL`` of a published database: its marker, checked against one listing (nothing downloaded)."""
+    from lightning_lmdb.remote.urls import redact
+    from lightning_lmdb.store.published import open_published
+
+    marker = open_published(args.target)
+    info = {"url": redact(marker.url), "published": "complete (marker and every part listed)", "build_id": marker.build_id,
+            "layout": marker.layout, "parts": len(marker.parts), "bytes": marker.size}
+    if args.json:
+        print(json.dumps({**info, "files": [{"path": p.path, "size": p.size, "etag": p.etag} for p in marker.parts]}, indent=2))
+        return 0
+    for key, value in info.items():
+        print(f"{key:>16}: {value:,}" if isinstance(value, int) else f"{key:>16}: {value}")
+    print(f"{'':>16}  (pull it to read its records: lightning-lmdb pull {redact(marker.url)} DB)")
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
+    from lightning_lmdb.remote.urls import is_remote
     from lightning_lmdb.tools.verify import describe_lmdb
 
+    if is_remote(args.target):
+        return _info_remote(args)
     info = describe_lmdb(args.target)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -416,7 +436,7 @@ def make_parser() -> argparse.ArgumentParser:
     _add_storage_option(pull)
     pull.set_defaults(func=_pull)
 
-    info = sub.add_parser("info", help="describe a database")
+    info = sub.add_parser("info", help="describe a database (or a published one: s3://..., its marker)")
     info.add_argument("target")
     info.add_argument("--json", action="store_true", help="print JSON")
     _add_storage_option(info)
