@@ -93,6 +93,8 @@ class BuildReport:
         phases: Wall seconds of its parts, when it built or resumed one file: ``scan`` (listing the source), ``open``
             (opening or resuming the partial file, the resume's checks), ``write`` (reading, decoding and committing the
             records), ``finish`` (the metadata, the final commit and the rename). A resume's ``write`` is the work left.
+        published: For a build to a URL (``s3://...``): what the push did (a
+            :class:`~lightning_lmdb.store.published.PushReport`); ``path`` is then the local copy that was pushed.
     """
 
     path: Path
@@ -102,6 +104,7 @@ class BuildReport:
     skipped: list[fmt.Skipped] = field(default_factory=list)
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
+    published: Any = None
 
 
 def _checked_target(source_root: Path, target: str | os.PathLike[str]) -> Path:

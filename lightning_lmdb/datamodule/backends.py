@@ -38,7 +38,7 @@ from lightning_lmdb.store import database, fsops
 from lightning_lmdb.store.format import DatabaseError, Metadata
 from lightning_lmdb.targets import target_kind
 from lightning_lmdb.tools import netfs
-from lightning_lmdb.tools.staging import stage, staged_path
+from lightning_lmdb.tools.staging import stage, stage_remote, staged_path
 
 log = logging.getLogger(__name__)
 
@@ -362,11 +362,12 @@ class LMDBBackend(ServingBackend):
         local = self.plan.local_cache_dir
         if local is None:
             return
-        served = [self.served_database_path(split) for split in self.splits()]  # mounted first
+        remote = self.plan.remote_databases
+        served = [remote.get(split) or self.served_database_path(split) for split in self.splits()]  # mounted first
         with self.hooks.timed("stage_s"):
             for database in served:
                 with writing_to(local, "local_cache_dir"):
-                    report = stage(database, local)
+                    report = stage_remote(database, local) if isinstance(database, str) else stage(database, local)
                 rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
                                f"{report.seconds:.1f} s)")
 

@@ -32,6 +32,7 @@ from lightning_lmdb.datamodule.options import (
     default_transforms,
     given_databases,
     plain_source,
+    remote_databases,
     silence_the_both_hooks_warning,
     source_splits,
     split_sources,
@@ -47,6 +48,7 @@ from lightning_lmdb.remote import fs as remote_fs
 from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources.base import SourceOptions
 from lightning_lmdb.store import envs
+from lightning_lmdb.tools.staging import remote_staged_path
 
 #: The validation share held out of ``train_dir`` when ``val_fraction`` is ``None`` and no ``val_dir`` is given.
 DEFAULT_VAL_FRACTION = 0.1
@@ -249,6 +251,12 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         source_options, manifest = options_given.as_dict() or None, None  # plain values, like every hyper-parameter
         data = (train_dir, val_dir, test_dir)
         given_sources = split_sources(data, shards, options_given)  # a Dataset is kept as it is, never os.fspath'd
+        local_dir = None if local_cache_dir is None else Path(os.fspath(local_cache_dir)).expanduser()
+        #: The splits given a published database (``s3://...`` holding a marker): ``prepare_data`` stages it to
+        #: ``local_cache_dir``, where the split serves it from (split -> URL).
+        self.remote_databases: dict[str, str] = remote_databases(given_sources, local_dir)
+        for split, url in self.remote_databases.items():
+            given_sources[split] = remote_staged_path(url, local_dir)  # type: ignore[arg-type]
         # hyper-parameters are plain values: a Path (or a Dataset) would not load with torch.load(weights_only=True)
         train_dir, val_dir, test_dir = (plain_source(d, options_given) for d in data)
         cache_dir, local_cache_dir = (None if d is None else os.fspath(d) for d in (cache_dir, local_cache_dir))
@@ -270,14 +278,14 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         self.finish_on_device, self.mean, self.std = finish_on_device, mean, std
         self.local_cache_dir = None if local_cache_dir is None else Path(local_cache_dir).expanduser()
         #: The splits given a database (served as it is) rather than a source.
-        self.given_databases = given_databases(self.sources, on_stale, self.local_cache_dir)
+        self.given_databases = given_databases(self.sources, on_stale, self.local_cache_dir, self.remote_databases)
         self.readahead = readahead
         self.shared_filesystem = shared_filesystem  # prepare_data_per_node stays True: each node builds its part
         #: What the backend serves, decided here once: it is given this plan, never the module.
         self.plan = DataPlan(sources=self.sources, given_as=dict(zip(self.sources, (train_dir, val_dir, test_dir))),
                              given_databases=self.given_databases, build_options=self.build_options, cache_dir=self.cache_dir,
                              local_cache_dir=self.local_cache_dir, backend=backend, readahead=readahead,
-                             shared_filesystem=shared_filesystem)
+                             shared_filesystem=shared_filesystem, remote_databases=self.remote_databases)
         hooks = backends.Hooks(source_path=self.source_path, served_database_path=self.served_database_path, timed=self._timed,
                                after_reading_all=self._after_reading_all, node=self._node)
         self._backend: backends.ServingBackend = backends.BACKEND_CLASSES[backend](self.plan, hooks)

@@ -30,7 +30,7 @@ from lightning_lmdb.remote.urls import is_remote, redact
 from lightning_lmdb.sources import base as sources
 from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.sources.base import SourceOptions
-from lightning_lmdb.store import database
+from lightning_lmdb.store import database, published
 
 #: The DataModule's splits, in the order of its ``train_dir``, ``val_dir`` and ``test_dir`` arguments.
 SPLITS = ("train", "val", "test")
@@ -161,14 +161,36 @@ def _our_manifest(path: Path) -> bool:
     return isinstance(obj, dict) and obj.get("format") == "lightning_lmdb"
 
 
-def given_databases(dirs: dict[str, Path | None], on_stale: str, local_cache_dir: Path | None) -> frozenset[str]:
+def remote_databases(dirs: Mapping[str, Any], local_cache_dir: Path | None) -> dict[str, str]:
+    """The splits given the URL of a published database (one holding a marker: :mod:`lightning_lmdb.store.published`), by split.
+
+    A URL without a marker is a source prefix: not one of these (it is built from).
+
+    Raises:
+        OptionError: A published database and no ``local_cache_dir`` to stage it to.
+    """
+    found = {split: value for split, value in dirs.items() if is_remote(value) and published.has_marker(value)}
+    for split, url in found.items():
+        if local_cache_dir is None:
+            raise OptionError(f"{split}_dir {redact(url)} is a remote database: a remote database must be staged: pass local_cache_dir "
+                              f"(Hydra: data.local_cache_dir=/local/disk/folder), or download it first with `lightning-lmdb pull "
+                              f"{redact(url)} DB` and pass DB.")
+    return found
+
+
+def given_databases(dirs: dict[str, Path | None], on_stale: str, local_cache_dir: Path | None,
+                    remote: Collection[str] = ()) -> frozenset[str]:
     """The splits whose given path is a database (a file, or a sharded folder), each checked to open; they are served as they are.
+
+    The splits in ``remote`` were given a published database (:func:`remote_databases`): their path is where it is staged
+    (by ``prepare_data``), not opened here.
 
     Raises:
         DatabaseError: A given database cannot be opened (incomplete, damaged, foreign), naming the Hydra key.
         OptionError: With ``local_cache_dir``, two different given databases of the same name (their copies would collide).
     """
-    found: dict[str, Path] = {split: path for split, path in dirs.items() if path is not None and is_database(path)}
+    found: dict[str, Path] = {split: path for split, path in dirs.items()
+                              if split not in remote and isinstance(path, Path) and is_database(path)}
     for split, path in found.items():
         try:
             meta = database.load_meta(path)
@@ -177,6 +199,7 @@ def given_databases(dirs: dict[str, Path | None], on_stale: str, local_cache_dir
                                 f"(Hydra: data.{split}_dir=/path/to/a/database/or/images)") from exc
         rank_zero_info(f"LMDBDataModule: {split}_dir {path} is a database ({meta.count} records): served as it is, never rebuilt "
                        f"(on_stale={on_stale!r} does not apply to it).")
+    found.update({split: dirs[split] for split in remote})  # type: ignore[misc]
     names: dict[str, Path] = {}
     for split, path in found.items():
         other = names.setdefault(path.name, path)
@@ -272,6 +295,9 @@ def split_sources(given: Sequence[Any], shards: int | None, manifest: SourceOpti
         if isinstance(value, str) and _DESCRIBED.fullmatch(value):
             raise OptionError(f"{key}={value!r} is how a checkpoint records a Dataset, which is not saved with it: pass the dataset "
                               f"again, e.g. LMDBDataModule.load_from_checkpoint(path, {key}=my_dataset).")
+        if is_remote(value):  # a URL stays a string (a Path would turn s3:// into s3:/)
+            dirs[split] = value
+            continue
         if value is None or isinstance(value, (str, os.PathLike)):
             # a URL (s3://bucket/train/) stays its string: a Path would make it "s3:/bucket/train"
             dirs[split] = None if value is None else value if is_remote(value) else Path(value).expanduser().resolve()

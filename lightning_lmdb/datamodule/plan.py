@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,8 @@ class DataPlan:
         backend: ``"lmdb"`` or ``"raw"``.
         readahead: LMDB readahead (``None``: chosen by file size).
         shared_filesystem: The nodes of a multi-node job share ``cache_dir`` (each builds its part).
+        remote_databases: The splits given a published database (split -> its URL); their source is where each node stages
+            it (in ``local_cache_dir``).
     """
 
     sources: Mapping[str, Path | Any]
@@ -84,6 +86,7 @@ class DataPlan:
     backend: str = "lmdb"
     readahead: bool | None = None
     shared_filesystem: bool = False
+    remote_databases: Mapping[str, str] = field(default_factory=dict)
 
     def splits(self) -> list[str]:
         """The splits given a source or a database, in the order train, val, test."""

@@ -172,7 +172,7 @@ async def _get_s3(filesystem: Any, url: str, etag: str | None, start: int | None
                 raise _translated(exc, url, "read", etag) from exc
             last = exc
         except Exception as exc:  # noqa: BLE001 -- aiohttp's payload and timeout errors are not OSErrors
-            if _precondition_failed(exc):
+            if _precondition_failed(exc) or "NoCredentialsError" in type(exc).__name__:  # no retry helps either
                 raise _translated(exc, url, "read", etag) from exc
             last = exc
         if attempt + 1 < fs.RETRIES:
@@ -248,7 +248,8 @@ def expected_etag(path: str, size: int | None = None) -> str:
     return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
 
 
-def upload(path: str, url: str, *, state: str | None = None, on_part: Callable[[int], None] | None = None) -> str:
+def upload(path: str, url: str, *, state: str | None = None, on_part: Callable[[int], None] | None = None,
+           on_resumed: Callable[[int], None] | None = None) -> str:
     """Upload the local file ``path`` to ``url``: in one request up to :data:`SINGLE_PUT` bytes, else in parts of
     :func:`part_size`, :data:`PART_CONCURRENCY` at once.
 
@@ -258,6 +259,7 @@ def upload(path: str, url: str, *, state: str | None = None, on_part: Callable[[
         state: A local JSON file that records a multipart upload's id and finished parts as they finish: an upload
             killed midway resumes from it (the parts the server lists as uploaded are not sent again).
         on_part: Called with each part's bytes once it is uploaded (progress).
+        on_resumed: Called with the bytes of each part a resumed upload finds uploaded already (default: ``on_part``).
 
     Returns:
         The object's ETag.
@@ -270,10 +272,11 @@ def upload(path: str, url: str, *, state: str | None = None, on_part: Callable[[
         if on_part is not None:
             on_part(size)
         return etag
-    return _multipart(path, url, size, state, on_part)
+    return _multipart(path, url, size, state, on_part, on_part if on_resumed is None else on_resumed)
 
 
-def _multipart(path: str, url: str, size: int, state: str | None, on_part: Callable[[int], None] | None) -> str:
+def _multipart(path: str, url: str, size: int, state: str | None, on_part: Callable[[int], None] | None,
+               on_resumed: Callable[[int], None] | None) -> str:
     from fsspec.asyn import sync
 
     filesystem = fs.filesystem(url)
@@ -301,9 +304,9 @@ def _multipart(path: str, url: str, size: int, state: str | None, on_part: Calla
         upload_id = created["UploadId"]
     if state is not None:
         _save_state(state, identity, upload_id)
-    if on_part is not None:
+    if on_resumed is not None:
         for number in done:
-            on_part(min(step, size - (number - 1) * step))
+            on_resumed(min(step, size - (number - 1) * step))
 
     async def send_all() -> None:
         gate = asyncio.Semaphore(PART_CONCURRENCY)

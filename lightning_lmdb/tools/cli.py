@@ -1,4 +1,4 @@
-"""The ``lightning-lmdb`` command: build | info | verify | bench | netfs.
+"""The ``lightning-lmdb`` command: build | push | pull | info | verify | bench | netfs.
 
 ``info`` and ``verify`` (without ``--source``) import neither torch nor torchvision: they answer in well under a second.
 """
@@ -60,12 +60,14 @@ def _build(args: argparse.Namespace) -> int:
     from lightning_lmdb.build.writer import build
 
     options = build_options(args)
-    report = build(args.source, args.target, options)
+    report = build(args.source, args.target, options, work_dir=args.work_dir)
     what = f"shard {options.shard}/{options.shards}: " if options.shard is not None else ""
     print(
         f"{report.path}: {what}{report.action}, {report.count} records ({report.records_written} written now), "
         f"{len(report.skipped)} skipped, {report.seconds:.1f} s{_phases(report.phases)}"
     )
+    if report.published is not None:
+        _print_push(report.published)
     noted = _source_notes(report.path) if options.shard is None else ""  # a shard job's part is not a database yet
     if noted:
         print(f"{report.path}: {noted}")
@@ -177,9 +179,98 @@ def _shard_options(args: argparse.Namespace) -> dict[str, int | None]:
     return {"shards": shards, "shard": shard}
 
 
+def _print_push(report: Any) -> None:
+    print(f"{report.url}: {report.action}, build {report.build_id}, {report.parts} part(s), {report.bytes_uploaded:,} bytes "
+          f"uploaded, {report.seconds:.1f} s")
+
+
+def _push(args: argparse.Namespace) -> int:
+    from lightning_lmdb.store.published import push
+
+    _print_push(push(args.database, args.url, progress=not args.quiet))
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from lightning_lmdb.remote.urls import redact
+    from lightning_lmdb.tools.publish import pull
+
+    report = pull(args.url, args.database)
+    print(f"{report.path}: {report.action} from {redact(args.url)}, {report.bytes_copied:,} bytes downloaded, {report.seconds:.1f} s")
+    return 0
+
+
+def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
+    """``--storage-option KEY=VALUE`` values as storage options: ``true`` / ``false`` as booleans, integers as ints, else strings.
+
+    Raises:
+        OptionError: A value without ``=`` (the message does not show it: it may be a secret).
+    """
+    options: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise OptionError("--storage-option takes KEY=VALUE (e.g. endpoint_url=http://minio:9000); one was given without '=' "
+                              "(not shown: it may be a secret).")
+        lowered = value.strip().lower()
+        parsed: Any = value
+        if lowered in ("true", "false"):
+            parsed = lowered == "true"
+        else:
+            with contextlib.suppress(ValueError):
+                parsed = int(value)
+        options[key.strip()] = parsed
+    return options
+
+
+#: The arguments of each command that may be URLs (their storage options are registered for them).
+_URL_ARGS = ("source", "target", "url", "database")
+
+
+def _use_storage_options(args: argparse.Namespace) -> None:
+    """Register ``--storage-option`` values for the URLs of the command (in this process only; never printed or saved)."""
+    options = parse_storage_options(getattr(args, "storage_option", None))
+    if not options:
+        return
+    from lightning_lmdb.remote import fs
+    from lightning_lmdb.remote.urls import is_remote
+
+    for name in _URL_ARGS:
+        value = getattr(args, name, None)
+        if is_remote(value):
+            fs.use_options(value, options)
+
+
+def _add_storage_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage-option", action="append", default=None, metavar="KEY=VALUE",
+                        help="an option of the object storage of the command's s3:// URLs (repeatable), e.g. endpoint_url=http://"
+                             "minio:9000, anon=true, key=... (default: the provider's standard credentials: AWS_* variables, "
+                             "~/.aws); never printed or saved")
+
+
+def _info_remote(args: argparse.Namespace) -> int:
+    """``info URL`` of a published database: its marker, checked against one listing (nothing downloaded)."""
+    from lightning_lmdb.remote.urls import redact
+    from lightning_lmdb.store.published import open_published
+
+    marker = open_published(args.target)
+    info = {"url": redact(marker.url), "published": "complete (marker and every part listed)", "build_id": marker.build_id,
+            "layout": marker.layout, "parts": len(marker.parts), "bytes": marker.size}
+    if args.json:
+        print(json.dumps({**info, "files": [{"path": p.path, "size": p.size, "etag": p.etag} for p in marker.parts]}, indent=2))
+        return 0
+    for key, value in info.items():
+        print(f"{key:>16}: {value:,}" if isinstance(value, int) else f"{key:>16}: {value}")
+    print(f"{'':>16}  (pull it to read its records: lightning-lmdb pull {redact(marker.url)} DB)")
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
+    from lightning_lmdb.remote.urls import is_remote
     from lightning_lmdb.tools.verify import describe_lmdb
 
+    if is_remote(args.target):
+        return _info_remote(args)
     info = describe_lmdb(args.target)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -325,12 +416,30 @@ def make_parser() -> argparse.ArgumentParser:
     build.add_argument("--shard", default=None, metavar="I/K",
                        help="build shard I of K alone (e.g. one task of a job array: --shard $SLURM_ARRAY_TASK_ID/K); the task that "
                             "completes the last shard writes the manifest")
+    build.add_argument("--work-dir", default=None, metavar="DIR",
+                       help="with an s3:// TARGET: the local folder the database is built in before it is pushed (default: "
+                            "~/.cache/lightning_lmdb/publish/<hash of the URL>)")
     _add_manifest_flags(build)
+    _add_storage_option(build)
     build.set_defaults(func=_build)
 
-    info = sub.add_parser("info", help="describe a database")
+    push = sub.add_parser("push", help="publish the database DB at URL (s3://bucket/name.lmdb): resumable, checked, marker last")
+    push.add_argument("database", metavar="DB")
+    push.add_argument("url", metavar="URL")
+    push.add_argument("--quiet", action="store_true", help="no progress lines")
+    _add_storage_option(push)
+    push.set_defaults(func=_push)
+
+    pull = sub.add_parser("pull", help="download the published database URL to the local database DB (checked, resumable)")
+    pull.add_argument("url", metavar="URL")
+    pull.add_argument("database", metavar="DB")
+    _add_storage_option(pull)
+    pull.set_defaults(func=_pull)
+
+    info = sub.add_parser("info", help="describe a database (or a published one: s3://..., its marker)")
     info.add_argument("target")
     info.add_argument("--json", action="store_true", help="print JSON")
+    _add_storage_option(info)
     info.set_defaults(func=_info)
 
     verify = sub.add_parser("verify", help="check every record (exit status 0 only when everything matches)")
@@ -342,6 +451,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--max-problems", type=int, default=50, help="problems to print")
     _add_manifest_flags(verify)
+    _add_storage_option(verify)
     verify.set_defaults(func=_verify)
 
     bench = sub.add_parser("bench", help="time shuffled reads of raw files vs the LMDB file, cold and warm page cache")
@@ -390,9 +500,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         keep_freed_memory()  # this process is ours: see the function
     try:
         with _interrupt_only_this_process():
+            _use_storage_options(args)
             return args.func(args)
     except KeyboardInterrupt:
-        rerun = "; rerun to resume" if args.command == "build" else ""
+        rerun = "; rerun to resume" if args.command in ("build", "push", "pull") else ""
         _print_error(args.command, f"interrupted{rerun}", prefix="")
         return EXIT_INTERRUPTED
     except _EXPECTED_ERRORS as exc:
@@ -440,10 +551,13 @@ def describe_error(exc: BaseException, args: argparse.Namespace | None = None) -
         message = str(exc) or type(exc).__name__
     if hint:
         message += f"; {hint}"
-    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+    from lightning_lmdb.remote.urls import redact
+
+    return redact(" ".join(line.strip() for line in message.splitlines() if line.strip()))
 
 
-_ACTIVITY = {"build": "building", "info": "reading", "verify": "verifying", "bench": "benchmarking", "netfs": "serving"}
+_ACTIVITY = {"build": "building", "push": "pushing", "pull": "pulling", "info": "reading", "verify": "verifying",
+             "bench": "benchmarking", "netfs": "serving"}
 
 
 def _path_text(name: Any) -> str:

@@ -19,6 +19,11 @@ reads it from a local copy instead (``LMDBDataModule(local_cache_dir=...)``, or 
 * **Once per node**: a file lock (``<name>.staging.lock``) makes concurrent callers wait for one copy.
 * **Sharded databases**: every shard file is staged as above into ``local_dir/<folder name>/``, then the
   manifest is copied last, so a copy killed midway is never a database, and resumes shard by shard.
+* **Remote databases** (:func:`stage_remote`, a database published with :func:`lightning_lmdb.store.published.push`): the
+  marker is read and one listing checks the parts; each part is downloaded by ranged GETs of one block each, with
+  ``If-Match`` its ETag (a part replaced mid-download fails at once), and each block's SHA-256 must equal the marker's
+  before it is recorded done. Resumable, space-checked, locked and skipped when current as above; the local copy is a
+  normal database (a sharded one gets its manifest last).
 
 No pickle: the records are JSON.
 """
@@ -37,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_lmdb.build.writer import DiskFullError
-from lightning_lmdb.errors import OptionError, StagingError
-from lightning_lmdb.store import database
+from lightning_lmdb.errors import OptionError, RemoteChangedError, StagingError
+from lightning_lmdb.remote import objects, urls
+from lightning_lmdb.store import database, published
 from lightning_lmdb.store import format as fmt
 
 #: Bytes hashed (and recorded as done) at a time.
@@ -317,4 +323,159 @@ def _check(partial: Path, progress: Path, digests: list[str], block_size: int, s
         f"The staged copy {str(partial)!r} of {str(source)!r} read back differently from the source at block {index} "
         f"(bytes {index * block_size}-{(index + 1) * block_size - 1}); it was deleted. Check the local disk "
         "(dmesg, smartctl) and stage again."
+    )
+
+
+# --- remote databases ----------------------------------------------------------------------------------------------------
+
+#: Test hook: ``LIGHTNING_LMDB_TEST_STAGE_REMOTE_KILL_AFTER=N`` kills the process once N downloaded blocks are recorded.
+REMOTE_FAULT_ENV = "LIGHTNING_LMDB_TEST_STAGE_REMOTE_KILL_AFTER"
+#: Blocks fetched at once (ranged GETs in flight; their bytes are held in memory until written, in order).
+FETCH_BLOCKS = 4
+
+
+@dataclass
+class _RemoteIdentity:
+    source: str
+    size: int
+    etag: str
+    build_id: str
+
+
+def remote_staged_path(url: str, local_dir: str | os.PathLike[str], name: str | None = None) -> Path:
+    """Where :func:`stage_remote` puts the copy of the remote database ``url``: ``local_dir/<name>``, by default
+    ``local_dir/<last part of the URL>``."""
+    return Path(local_dir).expanduser() / (name or urls.name(url))
+
+
+def stage_remote(url: str, local_dir: str | os.PathLike[str], *, name: str | None = None) -> StageReport:
+    """Download the published database ``url`` to ``local_dir`` (or keep the copy already there), checked block by block.
+
+    Args:
+        url: A database published with :func:`lightning_lmdb.store.published.push` (``s3://bucket/train.lmdb``).
+        local_dir: A folder on the node's local disk (created if missing).
+        name: The copy's name in ``local_dir`` (default: the URL's last part, ``train.lmdb``).
+
+    Returns:
+        A :class:`StageReport` (``bytes_copied``: the bytes downloaded); its ``path`` is the copy to read.
+
+    Raises:
+        RemoteIncompleteError: No marker, or a part missing or different: the upload did not finish.
+        RemoteChangedError: A part was replaced during the download (rerun).
+        StagingError: A block did not match the marker's digest (it is not recorded; the message names it).
+        DiskFullError: ``local_dir`` has too little free space, or filled up (the copy so far is kept: a rerun resumes).
+    """
+    started = time.perf_counter()
+    marker = published.open_published(url.rstrip("/"))
+    target = remote_staged_path(marker.url, local_dir, name)
+    if marker.layout == "file":
+        part = marker.parts[0]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        identity = _remote_identity(marker, part)
+        _require_space(target.parent, target.name, part.size, _local_bytes(target, identity))
+        copied, action = _stage_remote_file(marker, part, target)
+        return StageReport(target, action, copied, time.perf_counter() - started)
+    target.mkdir(parents=True, exist_ok=True)
+    shards = [part for part in marker.parts if part.path != database.MANIFEST_NAME]
+    manifests = [part for part in marker.parts if part.path == database.MANIFEST_NAME]
+    if len(manifests) != 1:
+        raise published.incomplete_error(marker.url, "a sharded database without one manifest part")
+    have = sum(_local_bytes(target / part.path, _remote_identity(marker, part)) for part in shards)
+    _require_space(target, target.name, sum(part.size for part in shards), have)
+    copied, actions = 0, set()
+    for part in shards:
+        done, action = _stage_remote_file(marker, part, target / part.path)
+        copied += done
+        actions.add(action)
+    manifest = manifests[0]
+    with fmt.file_lock(target / (database.MANIFEST_NAME + ".staging.lock")):
+        wanted = {part.path for part in shards}
+        for path in database.shard_files(target).values():
+            if path.name not in wanted:
+                path.unlink()
+        copy = target / database.MANIFEST_NAME
+        if not (copy.exists() and [hashlib.sha256(copy.read_bytes()).hexdigest()] == list(manifest.blocks)):
+            data = objects.read(marker.part_url(manifest), etag=manifest.etag)
+            if [hashlib.sha256(data).hexdigest()] != list(manifest.blocks) or len(data) != manifest.size:
+                raise _block_mismatch(marker, manifest, 0)
+            fmt.write_atomically(copy, data)
+            copied += len(data)
+            actions.add("copied")
+    database.load_meta(target)  # the copies match the manifest (counts, build ids, header digests)
+    action = "resumed" if "resumed" in actions else "copied" if "copied" in actions else "up-to-date"
+    return StageReport(target, action, copied, time.perf_counter() - started)
+
+
+def _remote_identity(marker: published.Marker, part: published.PublishedPart) -> _RemoteIdentity:
+    return _RemoteIdentity(urls.redact(marker.part_url(part)), part.size, part.etag, marker.build_id)
+
+
+def _stage_remote_file(marker: published.Marker, part: published.PublishedPart, target: Path) -> tuple[int, str]:
+    """Download one part to ``target`` (resuming, checking each block); ``(bytes downloaded, action)``."""
+    identity = _remote_identity(marker, part)
+    with fmt.file_lock(target.with_name(target.name + ".staging.lock")):
+        if _is_current(target, identity):
+            return 0, "up-to-date"
+        partial, progress = _partial_files(target)
+        digests = _resumable_blocks(partial, progress, identity, part.block_size)  # type: ignore[arg-type]
+        digests = [d for d, want in zip(digests, part.blocks, strict=False) if d == want]  # a prefix the marker agrees with
+        action = "resumed" if digests else "copied"
+        try:
+            copied = _download(marker, part, partial, progress, identity, digests)
+            _check(partial, progress, digests, part.block_size, urls.redact(marker.part_url(part)))  # type: ignore[arg-type]
+            _finish(partial, target, _record(identity, part.block_size, digests))  # type: ignore[arg-type]
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            free = shutil.disk_usage(target.parent).free
+            raise _disk_full(target.parent, target.name, part.size, _local_bytes(target, identity), free, stopped=True) from exc
+    return copied, action
+
+
+def _download(marker: published.Marker, part: published.PublishedPart, partial: Path, progress: Path, identity: _RemoteIdentity,
+              digests: list[str]) -> int:
+    """Append the part's blocks after the ``digests`` already done to ``partial``, each checked and recorded; the bytes fetched."""
+    start = min(len(digests) * part.block_size, part.size)
+    kill_after = int(os.environ.get(REMOTE_FAULT_ENV, "0") or 0)
+    source = marker.part_url(part)
+    copied = 0
+    with open(partial, "r+b" if partial.exists() else "wb") as dst:
+        dst.seek(start)
+        dst.truncate(start)
+        for first_index in range(len(digests), len(part.blocks), FETCH_BLOCKS):
+            indices = range(first_index, min(first_index + FETCH_BLOCKS, len(part.blocks)))
+            requests = [(source, part.etag, i * part.block_size, min(part.size, (i + 1) * part.block_size)) for i in indices]
+            try:
+                fetched = objects.read_many(requests, concurrency=FETCH_BLOCKS)
+            except RemoteChangedError as exc:
+                raise RemoteChangedError(f"{urls.redact(source)} was replaced during the download (its ETag is no longer "
+                                         f"{part.etag}: pushed again?). Rerun: the download starts over from the new "
+                                         "marker.") from exc
+            for index, data in zip(indices, fetched, strict=True):
+                copied += len(data)
+                if hashlib.sha256(data).hexdigest() != part.blocks[index]:
+                    raise _block_mismatch(marker, part, index)
+                dst.write(data)
+                dst.flush()
+                os.fsync(dst.fileno())
+                digests.append(part.blocks[index])
+                _write_record(progress, _record(identity, part.block_size, digests))  # type: ignore[arg-type]
+                if kill_after and _count_downloaded() >= kill_after:
+                    os._exit(17)
+    return copied
+
+
+_downloaded = [0]
+
+
+def _count_downloaded() -> int:
+    _downloaded[0] += 1
+    return _downloaded[0]
+
+
+def _block_mismatch(marker: published.Marker, part: published.PublishedPart, index: int) -> StagingError:
+    return StagingError(
+        f"Block {index} (bytes {index * part.block_size}-{min(part.size, (index + 1) * part.block_size) - 1}) of "
+        f"{urls.redact(marker.part_url(part))} does not match the SHA-256 its marker records: the object is damaged or was "
+        f"replaced. It was not kept; push the database again (lightning-lmdb push DB {urls.redact(marker.url)}) and rerun."
     )
