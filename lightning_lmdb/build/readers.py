@@ -148,23 +148,20 @@ def _etag_of(task: _Task) -> str | None:
 
 def _fetched(chunk: list[_Task]) -> list[bytes | None]:
     """The bytes of the chunk's objects of object storage, fetched together (:func:`lightning_lmdb.remote.objects.read_many`,
-    :data:`FETCH_CONCURRENCY` at once: a build is not bound by each request's latency); ``None`` for a local file (read by
-    :func:`_read_one`). When any fetch fails, every object is left to :func:`_read_one`, which names the one that failed."""
+    :data:`lightning_lmdb.remote.objects.FETCH_CONCURRENCY` at once: a build is not bound by each request's latency); ``None``
+    for a local file (read by :func:`_read_one`). When any fetch fails, every object is left to :func:`_read_one`, which
+    names the one that failed."""
     wanted = [k for k, task in enumerate(chunk) if len(task) > 1 and is_remote(task[1]) and len(task) <= 8]
     found: list[bytes | None] = [None] * len(chunk)
     if len(wanted) < 2:
         return found
     try:
-        datas = objects.read_many([(chunk[k][1], _etag_of(chunk[k]), None, None) for k in wanted], concurrency=FETCH_CONCURRENCY)
+        datas = objects.read_many([(chunk[k][1], _etag_of(chunk[k]), None, None) for k in wanted], concurrency=objects.FETCH_CONCURRENCY)
     except RemoteError:
         return found
     for k, data in zip(wanted, datas, strict=True):
         found[k] = data
     return found
-
-
-#: Objects of one chunk a reader process fetches at once.
-FETCH_CONCURRENCY = 32
 
 
 def _unreadable(exc: OSError, path: str, what: str) -> str:
