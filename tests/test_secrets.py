@@ -293,3 +293,12 @@ def test_remote_errors_name_the_url_redacted(s3: S3Server) -> None:
         told = [str(info.value), describe_error(info.value), "".join(traceback.format_exception(info.value))]
         assert all(SECRET not in text and KEY not in text for text in told), told
         assert f"{name}/missing.bin" in str(info.value) and "***" in str(info.value)
+
+
+def test_a_url_carrying_credentials_is_refused_naming_it_redacted() -> None:
+    from lightning_lmdb import LMDBDataModule
+    from lightning_lmdb.errors import OptionError
+
+    with pytest.raises(OptionError, match=r"train_dir s3://\*\*\*@bucket/train carries credentials") as info:
+        LMDBDataModule(train_dir=f"s3://{KEY}:{SECRET}@bucket/train")
+    assert SECRET not in str(info.value) and KEY not in str(info.value)

@@ -45,7 +45,7 @@ from lightning_lmdb.read import transforms
 from lightning_lmdb.read.dataset import ImageDatasetBase, LMDBImageDataset, available_memory
 from lightning_lmdb.read.sampler import ResumableDataLoader, Shuffle
 from lightning_lmdb.remote import fs as remote_fs
-from lightning_lmdb.remote.urls import is_remote
+from lightning_lmdb.remote.urls import is_remote, refuse_user_info
 from lightning_lmdb.sources.base import SourceOptions
 from lightning_lmdb.store import envs
 from lightning_lmdb.tools.staging import remote_staged_path
@@ -240,8 +240,10 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         super().__init__()
         #: The object-storage options (in memory only: never a hyper-parameter, see ``storage_options`` above).
         self.storage_options: dict[str, Any] = dict(storage_options or {})
-        for given in (train_dir, val_dir, test_dir, cache_dir, local_cache_dir):
+        for name, given in (("train_dir", train_dir), ("val_dir", val_dir), ("test_dir", test_dir), ("cache_dir", cache_dir),
+                            ("local_cache_dir", local_cache_dir)):
             if is_remote(given):
+                refuse_user_info(given, name)  # type: ignore[arg-type]
                 remote_fs.use_options(given, self.storage_options)  # type: ignore[arg-type]
         check_choices(backend=backend, multiprocessing_context=multiprocessing_context, decoder=decoder, decode_device=decode_device,
                       shuffle=shuffle, decode_size=decode_size, finish_on_device=finish_on_device)

@@ -6,6 +6,8 @@ import os
 import re
 from urllib.parse import urlsplit, urlunsplit
 
+from lightning_lmdb.errors import OptionError
+
 #: ``scheme://``: two or more letters (``C:\\`` is a Windows drive, not a URL); ``file://`` is a local path.
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 
@@ -89,3 +91,16 @@ def bucket_key(url: str) -> tuple[str, str]:
     if "@" in bucket:
         bucket = bucket.rsplit("@", 1)[1]
     return bucket, key
+
+
+def refuse_user_info(url: str, what: str) -> None:
+    """Refuse a URL that carries credentials (``s3://KEY:SECRET@bucket/...``): it would be kept wherever the URL is (saved
+    hyper-parameters, a database's metadata, logs).
+
+    Raises:
+        OptionError: ``url`` has user info; the message shows it redacted and where credentials go instead.
+    """
+    if "@" in url.split("://", 1)[-1].split("/", 1)[0]:
+        raise OptionError(f"{what} {redact(url)} carries credentials in the URL, which would be saved with it. Give the bare URL "
+                          "and the credentials as storage_options={'key': ..., 'secret': ...} (Hydra: data.storage_options, "
+                          "CLI: --storage-option key=...) or the provider's environment variables.")
