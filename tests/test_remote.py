@@ -111,3 +111,16 @@ def test_a_forked_child_makes_its_own_filesystem(bucket: str) -> None:
     child.join(60)
     assert child.exitcode == 0 and fs.filesystem("s3://any-bucket") is parent
     assert made != id(parent), "the child made its own (an inherited one would sit at the parent's address)"
+
+
+def test_a_precondition_failure_is_read_from_the_response_not_the_message() -> None:
+    timeout = OSError('Read timeout on endpoint URL: "http://127.0.0.1:34121/b/big.bin"')  # the port holds "412"
+    assert not objects._precondition_failed(timeout)
+
+    class Answer(Exception):
+        response = {"Error": {"Code": "PreconditionFailed"}, "ResponseMetadata": {"HTTPStatusCode": 412}}
+
+    try:
+        raise OSError("translated") from Answer("At least one")
+    except OSError as exc:
+        assert objects._precondition_failed(exc), "found on the error it was raised from"

@@ -391,8 +391,23 @@ def _call(url: str, what: str, call: Callable[[], T]) -> T:
 
 
 def _precondition_failed(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__} {exc} {getattr(exc, '__cause__', '')}"
-    return "PreconditionFailed" in text or "412" in text or "At least one of the pre-conditions" in text
+    """Whether ``exc`` (or an error it was raised from) is S3's answer to a failed precondition: HTTP 412 ``PreconditionFailed``
+    (an ``If-Match`` or ``If-None-Match`` that did not hold). Read from the response's code, never from the message's digits
+    (a port such as 34121 holds "412")."""
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            break
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = str((response.get("Error") or {}).get("Code", ""))
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "412") or status == 412:
+                return True
+        if "PreconditionFailed" in str(seen) or "At least one of the pre-conditions" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _short(exc: BaseException | None) -> str:
