@@ -1,7 +1,7 @@
 """Object storage (#34): staging, building and serving from S3 through a fixed request latency, vs local disk.
 
 Usage:
-    python benchmarks/bench_s3.py [--parts stage,build,epoch] [--count 10000] [--db-mb 200] [--latency-ms 20]
+    python benchmarks/bench_s3.py [--parts stage,build,epoch,server] [--count 10000] [--db-mb 200] [--latency-ms 20]
                                   [--concurrency 1,4,16,32] [--workers 2] [--work DIR]
 
 The S3 server is moto's (``moto.server.ThreadedMotoServer``) in its own process on 127.0.0.1, port 0; in front of it, a TCP
@@ -23,6 +23,9 @@ Parts (each prints a markdown table):
 - ``epoch``: one training epoch (``--workers`` loader workers, 32 px crops) of ``backend="raw"`` reading the objects (one
   GET per sample) vs the database published on S3 and staged to local disk by ``prepare_data`` (its staging timed apart),
   images/s.
+
+- ``server``: what one GET of a 4 KB object costs moto's server and this client in CPU, straight to the server at a few
+  concurrencies: moto (Python, one process) bounds any build from it on this machine, whatever the client does.
 
 Parts whose library code is missing (published databases, S3 sources) are skipped with a line that says so.
 
@@ -131,6 +134,7 @@ class Endpoints:
     direct: str
     proxied: str
     latency_ms: float
+    server_pid: int = 0
 
     def options(self, *, proxied: bool = True) -> dict[str, Any]:
         """The ``storage_options`` that reach the server (through the proxy by default)."""
@@ -163,7 +167,7 @@ def s3_behind_proxy(latency_ms: float) -> Iterator[Endpoints]:
     proxy = None
     try:
         proxy, proxy_port = _child([str(HERE), "--proxy", str(port), str(latency_ms)])
-        yield Endpoints(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxy_port}", latency_ms)
+        yield Endpoints(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxy_port}", latency_ms, server.pid)
     finally:
         if proxy is not None:
             proxy.kill()
@@ -366,13 +370,43 @@ def part_epoch(endpoints: Endpoints, work: Path, prefix: str, count: int, worker
     return table(title, ["served from", "prepare_data + setup s", "epoch s", "images/s"], rows)
 
 
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def part_server(endpoints: Endpoints, count: int) -> str:
+    """What one GET of a small object costs moto's server and this client, in CPU, straight to the server (no proxy): the
+    server's cost bounds what any build from it can reach on this machine, whatever the client does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lightning_lmdb.remote import fs, objects
+
+    bucket = make_bucket(endpoints, "server-cost")
+    client, body = endpoints.client(), os.urandom(4096)
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(lambda i: client.put_object(Bucket=bucket[5:], Key=f"o/{i:06d}.bin", Body=body), range(count)))
+    fs.use_options(bucket, endpoints.options(proxied=False))
+    listed = objects.list_objects(f"{bucket}/o")
+    rows = []
+    for concurrency in (1, 8, 32):
+        server, mine, started = _process_cpu(endpoints.server_pid), time.process_time(), time.perf_counter()
+        objects.read_many([(item.url, item.etag, None, None) for item in listed], concurrency=concurrency)
+        wall = time.perf_counter() - started
+        server, mine = _process_cpu(endpoints.server_pid) - server, time.process_time() - mine
+        rows.append([concurrency, f"{count / wall:.0f}", f"{server / count * 1e3:.2f}", f"{mine / count * 1e3:.2f}"])
+    return table(f"One GET of a 4 KB object ({count:,} objects, If-Match, straight to moto's server), CPU per GET",
+                 ["concurrency", "GETs/s", "server ms CPU/GET", "client ms CPU/GET"], rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--proxy"]:
         proxy_main(int(argv[1]), float(argv[2]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="stage,build,epoch", help="comma-separated: stage, build, epoch")
+    parser.add_argument("--parts", default="stage,build,epoch,server", help="comma-separated: stage, build, epoch, server")
     parser.add_argument("--count", type=int, default=10_000, help="images of the build and epoch parts")
     parser.add_argument("--db-mb", type=int, default=200, help="size of the staged database")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added to every HTTP request by the proxy")
@@ -382,9 +416,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=None, help="where generated data goes (default: a temporary folder)")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = set(parts) - {"stage", "build", "epoch"}
+    unknown = set(parts) - {"stage", "build", "epoch", "server"}
     if unknown:
-        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} (stage, build, epoch)")
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} (stage, build, epoch, server)")
     sys.path.insert(0, str(HERE.parent))  # common.py
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_s3_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -399,6 +433,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(built + "\n", flush=True)
         if "epoch" in parts:  # the objects and the local database of part build
             print(part_epoch(endpoints, work, prefix, args.count, args.workers) + "\n", flush=True)
+        if "server" in parts:
+            print(part_server(endpoints, min(args.count, 2000)) + "\n", flush=True)
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
 
