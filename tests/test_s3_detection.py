@@ -49,7 +49,7 @@ def _layouts(tmp_path: Path, bucket: str) -> dict[str, tuple[Path, str]]:
     return sources
 
 
-@pytest.mark.parametrize("kind", ["coco"])
+@pytest.mark.parametrize("kind", ["coco", "yolo"])
 def test_a_detection_source_on_object_storage_builds_as_the_local_one_and_goes_stale_with_its_annotations(
         kind: str, tmp_path: Path, bucket: str) -> None:
     local, url = _layouts(tmp_path, bucket)[kind]
@@ -64,7 +64,9 @@ def test_a_detection_source_on_object_storage_builds_as_the_local_one_and_goes_s
     assert build(url, tmp_path / "s3.lmdb", workers=0, progress=False, on_stale="error").action == "up-to-date"
     annotation = {"coco": url, "yolo": urls.join(url, "labels/train/a.txt"), "voc": urls.join(url, "Annotations/a.xml")}[kind]
     data = objects.read(annotation)
-    objects.write(annotation, data.replace(b"10", b"11", 1) if kind != "yolo" else data.replace(b"0.", b"0.0", 1) + b"\n")
+    edited = {"coco": data.replace(b"[10,", b"[11,", 1), "yolo": b"1" + data[1:], "voc": data.replace(b"<xmin>11<", b"<xmin>12<", 1)}
+    assert edited[kind] != data
+    objects.write(annotation, edited[kind])  # a coordinate, or a class
     with pytest.raises(StaleDatabaseError):
         build(url, tmp_path / "s3.lmdb", workers=0, progress=False, on_stale="error")
     assert build(url, tmp_path / "s3.lmdb", workers=0, progress=False).action == "built"
