@@ -49,7 +49,7 @@ def _layouts(tmp_path: Path, bucket: str) -> dict[str, tuple[Path, str]]:
     return sources
 
 
-@pytest.mark.parametrize("kind", ["coco", "yolo"])
+@pytest.mark.parametrize("kind", ["coco", "yolo", "voc"])
 def test_a_detection_source_on_object_storage_builds_as_the_local_one_and_goes_stale_with_its_annotations(
         kind: str, tmp_path: Path, bucket: str) -> None:
     local, url = _layouts(tmp_path, bucket)[kind]
