@@ -13,7 +13,7 @@ from test_detection_sources import write_coco, write_voc, write_yolo
 from test_s3_sources import upload
 
 from lightning_lmdb.build.writer import build
-from lightning_lmdb.errors import StaleDatabaseError
+from lightning_lmdb.errors import SourceError, StaleDatabaseError
 from lightning_lmdb.remote import fs, objects, urls
 from lightning_lmdb.sources.base import kind_name, kind_of, scan_source
 
@@ -70,3 +70,35 @@ def test_a_detection_source_on_object_storage_builds_as_the_local_one_and_goes_s
     with pytest.raises(StaleDatabaseError):
         build(url, tmp_path / "s3.lmdb", workers=0, progress=False, on_stale="error")
     assert build(url, tmp_path / "s3.lmdb", workers=0, progress=False).action == "built"
+
+
+def test_annotations_and_headers_come_in_batches_with_etags_and_no_request_per_image(tmp_path: Path, bucket: str,
+                                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    sources = _layouts(tmp_path, bucket)
+    batches: list[list[tuple]] = []
+    real = objects.read_many
+    monkeypatch.setattr(objects, "read_many", lambda requests, *a, **k: batches.append(list(requests)) or real(batches[-1], *a, **k))
+    monkeypatch.setattr(objects, "stat", lambda url: pytest.fail(f"a HEAD of {url}"))
+    scan = scan_source(sources["yolo"][1])
+    labels = [r for batch in batches for r in batch if r[0].endswith(".txt")]
+    assert len([b for b in batches if any(r[0].endswith(".txt") for r in b)]) == 1 and len(labels) == 2  # both label files at once
+    heads = [r for batch in batches for r in batch if r[0].endswith(".png")]
+    assert sorted(r[0] for r in heads) == sorted(f.path for f in scan.files) and all(r[1] and r[2] == 0 and r[3] for r in heads)
+    batches.clear()
+    scan_source(sources["voc"][1])
+    xmls = [batch for batch in batches if any(r[0].endswith(".xml") for r in batch)]
+    assert len(xmls) == 1 and len(xmls[0]) == 3 and all(r[1] for r in xmls[0])
+
+
+def test_a_yolo_data_yaml_at_a_url_and_a_coco_root_given_as_a_url(tmp_path: Path, bucket: str) -> None:
+    sources = _layouts(tmp_path, bucket)
+    by_prefix = scan_source(sources["yolo"][1])
+    by_yaml = scan_source(f"{bucket}/yolo/data.yaml")
+    assert kind_name(kind_of(f"{bucket}/yolo/data.yaml")) == "yolo"
+    assert [(f.path, f.target, f.split) for f in by_yaml.files] == [(f.path, f.target, f.split) for f in by_prefix.files]
+    from lightning_lmdb.sources.base import SourceOptions
+
+    given = scan_source(sources["coco"][1], SourceOptions(root=f"{bucket}/coco/images/train"))
+    assert [f.target for f in given.files] == [f.target for f in scan_source(sources["coco"][0]).files]
+    with pytest.raises(SourceError, match="root="):
+        scan_source(sources["coco"][1], SourceOptions(root=str(tmp_path)))

@@ -24,6 +24,9 @@ id: a category id not in ``categories``, an annotation for an image id that does
 listed twice, a missing image file, a malformed ``bbox``, a box outside its image -- ``SourceScan.special`` entries (the
 build refuses them, or skips and records them with ``on_error="skip"``). A file that is not JSON, lacks a key, or whose
 ``categories`` are malformed raises :class:`~lightning_lmdb.errors.SourceError`.
+
+**On object storage** (:mod:`lightning_lmdb.sources.objectstore`): a ``.json`` URL is a COCO JSON, read with one GET; its images
+prefix is found among the same candidates (``root=`` a URL), from one listing of the JSON's prefix's parent.
 """
 
 from __future__ import annotations

@@ -16,9 +16,11 @@ object only while it still has the listed ETag (``If-Match``: :func:`lightning_l
 
 **Detection sources** (:mod:`~lightning_lmdb.sources.coco`, :mod:`~lightning_lmdb.sources.yolo`,
 :mod:`~lightning_lmdb.sources.voc`): a COCO JSON at a URL, a YOLO or Pascal VOC layout under a prefix. Each is scanned as its
-local kind, from one listing: its annotation files are read with one GET each (YOLO's label files and VOC's XMLs, being many,
-fetched concurrently), each image's header with one ranged GET (concurrently, ``If-Match`` its listed ETag), and the images
-themselves by the build as any object.
+local kind, from one listing: its annotation files are read with one GET each (``If-Match`` their listed ETag; a COCO JSON's
+ETag from one HEAD; YOLO's label files and VOC's XMLs, being many, fetched concurrently), each image's header (its size and
+EXIF orientation, which the box checks need) with one ranged GET of its first bytes (concurrently, ``If-Match`` its listed
+ETag), and the images themselves by the build as any object. A prefix is recognised as a YOLO or VOC layout by one delimited
+listing of its top-level "folders" (:func:`heads`).
 
 Segmentation masks (``masks_dir``, a manifest's mask column) and a manifest's box column are
 not supported on object storage yet: each is refused with a message saying so.

@@ -18,6 +18,9 @@ declaration (refused, never expanded), one without ``size`` or an object without
 coordinate that is not a number, a box outside its image (:mod:`lightning_lmdb.sources.boxcheck`), a missing image, an
 id listed by a split file without its XML or by two split files -- ``SourceScan.special`` entries (the build refuses them,
 or skips and records them with ``on_error="skip"``).
+
+**On object storage** (:mod:`lightning_lmdb.sources.objectstore`): a prefix holding ``Annotations/`` and ``JPEGImages/`` is read
+as the same layout from one listing; the XMLs are fetched concurrently.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ coordinate outside 0-1, a class index beyond the names, a box past its image's e
 folder whose label files match no image (a typo would make every image a negative) raises
 :class:`~lightning_lmdb.errors.SourceError`; label files that match no image while others do are counted
 (``target_meta["unmatched_labels"]``).
+
+**On object storage** (:mod:`lightning_lmdb.sources.objectstore`): a prefix holding ``images/`` and ``labels/``, or a data.yaml's
+URL, is read as the same layout from one listing; the label files are fetched concurrently.
 """
 
 from __future__ import annotations
