@@ -1,4 +1,5 @@
-"""Detection sources on object storage (#34): a COCO JSON at a URL, a YOLO layout and a Pascal VOC layout under a prefix build
+"""Detection sources on object storage (#34): a COCO JSON at a URL, a YOLO layout and a Pascal VOC layout under a prefix, a
+manifest's boxes column at a URL build
 as the same files do locally, record for record; a rebuild with nothing changed is up to date; an annotation object changed
 after the build makes the database stale. Against a real S3 server on loopback (tests/s3kit.py)."""
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from imagegen import read_records
 from s3kit import S3Server
-from test_detection_sources import write_coco, write_voc, write_yolo
+from test_detection_sources import write_coco, write_jsonl, write_voc, write_yolo
 from test_s3_sources import upload
 
 from lightning_lmdb.build.writer import build
@@ -35,7 +36,8 @@ def same_records(a: Path, b: Path) -> None:
 def _layouts(tmp_path: Path, bucket: str) -> dict[str, tuple[Path, str]]:
     """Per kind: the local source and its URL once its folder is uploaded under ``BUCKET/<kind>/``."""
     made = {"coco": write_coco(tmp_path / "coco" / "annotations", name="instances_train.json").parent.parent,
-            "yolo": write_yolo(tmp_path / "yolo"), "voc": write_voc(tmp_path / "voc")}
+            "yolo": write_yolo(tmp_path / "yolo"), "voc": write_voc(tmp_path / "voc"),
+            "manifest": write_jsonl(tmp_path / "manifest").parent}
     # COCO's images folder beside annotations/: images/train (the candidate <json dir>/../images/<split>)
     coco = tmp_path / "coco"
     (coco / "images" / "train").mkdir(parents=True)
@@ -43,13 +45,14 @@ def _layouts(tmp_path: Path, bucket: str) -> dict[str, tuple[Path, str]]:
         image.rename(coco / "images" / "train" / image.name)
     (coco / "annotations" / "images").rmdir()
     sources = {"coco": (coco / "annotations" / "instances_train.json", f"{bucket}/coco/annotations/instances_train.json"),
-               "yolo": (made["yolo"], f"{bucket}/yolo/"), "voc": (made["voc"], f"{bucket}/voc/")}
+               "yolo": (made["yolo"], f"{bucket}/yolo/"), "voc": (made["voc"], f"{bucket}/voc/"),
+               "manifest": (made["manifest"] / "boxes.jsonl", f"{bucket}/manifest/boxes.jsonl")}
     for kind in made:
         upload(tmp_path / kind, f"{bucket}/{kind}")
     return sources
 
 
-@pytest.mark.parametrize("kind", ["coco", "yolo", "voc"])
+@pytest.mark.parametrize("kind", ["coco", "yolo", "voc", "manifest"])
 def test_a_detection_source_on_object_storage_builds_as_the_local_one_and_goes_stale_with_its_annotations(
         kind: str, tmp_path: Path, bucket: str) -> None:
     local, url = _layouts(tmp_path, bucket)[kind]
@@ -62,9 +65,11 @@ def test_a_detection_source_on_object_storage_builds_as_the_local_one_and_goes_s
     build(local, tmp_path / "local.lmdb", workers=0, progress=False)
     same_records(tmp_path / "s3.lmdb", tmp_path / "local.lmdb")
     assert build(url, tmp_path / "s3.lmdb", workers=0, progress=False, on_stale="error").action == "up-to-date"
-    annotation = {"coco": url, "yolo": urls.join(url, "labels/train/a.txt"), "voc": urls.join(url, "Annotations/a.xml")}[kind]
+    annotation = {"coco": url, "manifest": url, "yolo": urls.join(url, "labels/train/a.txt"),
+                  "voc": urls.join(url, "Annotations/a.xml")}[kind]
     data = objects.read(annotation)
-    edited = {"coco": data.replace(b"[10,", b"[11,", 1), "yolo": b"1" + data[1:], "voc": data.replace(b"<xmin>11<", b"<xmin>12<", 1)}
+    edited = {"coco": data.replace(b"[10,", b"[11,", 1), "manifest": data.replace(b"[[10,", b"[[11,", 1), "yolo": b"1" + data[1:],
+              "voc": data.replace(b"<xmin>11<", b"<xmin>12<", 1)}
     assert edited[kind] != data
     objects.write(annotation, edited[kind])  # a coordinate, or a class
     with pytest.raises(StaleDatabaseError):
