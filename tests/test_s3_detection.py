@@ -107,3 +107,12 @@ def test_a_yolo_data_yaml_at_a_url_and_a_coco_root_given_as_a_url(tmp_path: Path
     assert [f.target for f in given.files] == [f.target for f in scan_source(sources["coco"][0]).files]
     with pytest.raises(SourceError, match="root="):
         scan_source(sources["coco"][1], SourceOptions(root=str(tmp_path)))
+
+
+def test_the_folder_kind_asked_for_a_yolo_or_voc_prefix_names_the_layout(tmp_path: Path, bucket: str) -> None:
+    from lightning_lmdb.sources import folder
+
+    sources = _layouts(tmp_path, bucket)
+    for kind, said in (("yolo", "YOLO folder"), ("voc", "Pascal VOC folder")):
+        with pytest.raises(SourceError, match=f"laid out as a {said}.*not as an image folder"):
+            folder.scan(sources[kind][1])

@@ -78,7 +78,9 @@ def heads(url: str) -> frozenset[str]:
     if found is not None and time.monotonic() - found[0] < _HEADS_SECONDS:
         return found[1]
     try:
-        entries = fs.filesystem(root).ls(root.split("://", 1)[1], detail=True, refresh=True)
+        filesystem, path = fs.filesystem(root), root.split("://", 1)[1]
+        entries = filesystem.ls(path, detail=True, refresh=True)
+        filesystem.invalidate_cache(path)  # nothing else answers from this listing (an ETag read later is never a cached one)
         names = frozenset(posixpath.basename(entry["name"].rstrip("/")) for entry in entries if entry.get("type") == "directory")
     except Exception:  # noqa: BLE001 -- any failure: no layout recognised; the folder kind's listing reports it
         names = frozenset()
