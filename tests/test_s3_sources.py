@@ -160,11 +160,12 @@ def test_a_missing_bucket_or_prefix_is_one_clear_line(s3: S3Server, bucket: str,
     with pytest.raises(FileNotFoundError) as missing:
         build(f"{bucket}/nothing/", tmp_path / "x.lmdb", workers=0, progress=False)
     assert f"{bucket}/nothing" in str(missing.value) and "\n" not in str(missing.value)
-    with pytest.raises(FileNotFoundError, match="not supported for object storage yet"):
+    with pytest.raises(RemoteNotFoundError) as json_missing:
         scan_source(f"{bucket}/coco/instances.json")
+    assert f"{bucket}/coco/instances.json" in str(json_missing.value) and "\n" not in str(json_missing.value)
     for name in ("images/a.jpg", "labels/a.txt"):
         objects.write(f"{bucket}/yolo/{name}", b"x")
-    with pytest.raises(SourceError, match="YOLO folder.*not supported for s3:// sources yet"):
+    with pytest.raises(SourceError, match="names no classes"):  # a YOLO layout, read as one
         scan_source(f"{bucket}/yolo/")
     from lightning_lmdb.datamodule.module import LMDBDataModule
 

@@ -397,9 +397,8 @@ def unknown_reason(source: Any) -> str:
     given = _as_source(source)
     if is_remote(given):
         return (f"is a URL of object storage that is none of: {describe_kinds(paths_only=True)}. Under {given.split('://', 1)[0]}:// a "
-                "source is a prefix (an ImageFolder-layout or flat folder of images, e.g. s3://bucket/train/) or a CSV / TSV / JSON "
-                "Lines manifest; COCO, YOLO and Pascal VOC sources are not supported for object storage yet (copy them to a "
-                "local folder).")
+                "source is a prefix (an ImageFolder-layout or flat folder of images, e.g. s3://bucket/train/; a YOLO or Pascal VOC "
+                "layout), a CSV / TSV / JSON Lines manifest, a COCO JSON or a YOLO data.yaml.")
     if not isinstance(given, Path):
         what = f"it is a {type(given).__name__}, which is none of"
     elif not given.exists():

@@ -28,12 +28,14 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from lightning_lmdb.errors import OptionError, SourceError
+from lightning_lmdb.remote.objects import RemoteObject
 from lightning_lmdb.sources.base import SourceOptions, describe_kind, not_regular_reason
 
-__all__ = ["BOX_OPTIONS", "IMG_SUFFIXES", "BadBox", "BoxTally", "check_options", "digest", "given_classes", "image_header", "stat_image"]
+__all__ = ["BOX_OPTIONS", "IMG_SUFFIXES", "BadBox", "BoxTally", "Images", "check_options", "digest", "given_classes", "image_header",
+           "stat_image"]
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +106,8 @@ def _shown(box: Sequence[float]) -> str:
     return "[" + ", ".join(f"{v:.6g}" for v in box) + "]"
 
 
-def image_header(path: str) -> tuple[int, int, int]:
-    """``(width, height, exif_orientation)`` of an image file, from its header alone (its pixels are not decoded).
+def image_header(path: str | IO[bytes]) -> tuple[int, int, int]:
+    """``(width, height, exif_orientation)`` of an image file (or of its bytes), from its header alone (its pixels are not decoded).
 
     Raises:
         OSError: It cannot be opened, or it is not an image PIL can read.
@@ -133,6 +135,71 @@ def stat_image(path: str) -> tuple[int, int, str | None]:
     if not stat.S_ISREG(st.st_mode):
         return 0, 0, not_regular_reason(st.st_mode)
     return st.st_size, st.st_mtime_ns, None
+
+
+#: How much of an object's start is fetched for its header (an image's size and EXIF come first in its file).
+HEAD_BYTES = 1 << 16
+
+
+class Images:
+    """The size and header of a detection source's images: local files (:func:`stat_image`, :func:`image_header`, each when
+    asked), or objects of one listing (object storage: ``listed`` by URL), whose headers are fetched at once, concurrently.
+
+    An object's header is read from its first :data:`HEAD_BYTES` (one ranged GET with its listed ETag as ``If-Match``); an image
+    whose header reaches past them is fetched whole. A PNG whose EXIF chunk follows its pixels is read as orientation 1.
+    """
+
+    def __init__(self, listed: dict[str, RemoteObject] | None = None, wanted: Iterable[str] = ()) -> None:
+        self.listed = listed
+        self._headers: dict[str, tuple[int, int, int] | OSError] = {}
+        if listed is not None:
+            self._fetch([listed[url] for url in dict.fromkeys(wanted) if url in listed])
+
+    def _fetch(self, items: list[RemoteObject]) -> None:
+        import io
+
+        from lightning_lmdb.remote import objects
+
+        heads = objects.read_many([(item.url, item.etag or None, 0, min(item.size, HEAD_BYTES)) for item in items])
+        whole = []
+        for item, head in zip(items, heads, strict=True):
+            try:
+                self._headers[item.url] = image_header(io.BytesIO(head))
+            except OSError as exc:
+                if item.size <= HEAD_BYTES:
+                    self._headers[item.url] = exc
+                else:
+                    whole.append(item)
+        for item, data in zip(whole, objects.read_many([(item.url, item.etag or None, None, None) for item in whole]), strict=True):
+            try:
+                self._headers[item.url] = image_header(io.BytesIO(data))
+            except OSError as exc:
+                self._headers[item.url] = exc
+
+    def stat(self, path: str) -> tuple[int, int, str | None]:
+        """``(size, mtime_ns, None)`` or ``(0, 0, reason)`` (:func:`stat_image`; an object: its listed size, ``mtime_ns`` 0)."""
+        if self.listed is None:
+            return stat_image(path)
+        item = self.listed.get(path)
+        return (0, 0, "the image file is missing; add it, or remove its annotation") if item is None else (item.size, 0, None)
+
+    def header(self, path: str) -> tuple[int, int, int]:
+        """:func:`image_header` of the image.
+
+        Raises:
+            OSError: It is not an image PIL can read.
+        """
+        if self.listed is None:
+            return image_header(path)
+        found = self._headers[path]
+        if isinstance(found, OSError):
+            raise found
+        return found
+
+    def etag(self, path: str) -> str:
+        """The object's listed ETag; ``""`` for a local file."""
+        item = None if self.listed is None else self.listed.get(path)
+        return "" if item is None else item.etag
 
 
 def check_options(name: str, source: Path, options: SourceOptions | None) -> SourceOptions:

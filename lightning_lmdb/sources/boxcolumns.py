@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from lightning_lmdb.errors import OptionError, SourceError
+from lightning_lmdb.remote.objects import RemoteObject
 from lightning_lmdb.sources import boxcheck
 from lightning_lmdb.sources.base import SourceFile, SourceOptions
 from lightning_lmdb.sources.manifestfile import Table
@@ -130,15 +131,19 @@ def box_targets(table: Table, options: SourceOptions) -> tuple[list[RawBoxes | N
 
 def finish(files: list[SourceFile], special: list[tuple[str, str]], options: SourceOptions) -> tuple[list[SourceFile], dict[str, Any]]:
     """The files with their :class:`~lightning_lmdb.targets.boxes.Boxes` (each image's header read, the box rules applied), and
-    the ``target_meta``; an image that is missing, unreadable or has a refused box goes to ``special`` (named by its line)."""
+    the ``target_meta``; an image that is missing, unreadable or has a refused box goes to ``special`` (named by its line). The
+    headers of objects (rows naming URLs) are fetched concurrently, each by a ranged GET with its listed ETag."""
     tally = boxcheck.BoxTally(clip=bool(options.clip_boxes))
     kept: list[SourceFile] = []
+    # objects (listed with an ETag): their headers fetched at once, by ranged GETs (boxcheck.Images)
+    listed = {f.path: RemoteObject(f.path, f.size, f.etag) for f in files if f.etag}
+    remote = boxcheck.Images(listed, listed) if listed else None
     for f in files:
         raw: RawBoxes = f.target  # type: ignore[assignment]
         problem = None if f.size or f.mtime_ns else "the image file is missing; add it, or remove the row"
         if problem is None:
             try:
-                width, height, orientation = boxcheck.image_header(f.path)
+                width, height, orientation = remote.header(f.path) if remote is not None and f.etag else boxcheck.image_header(f.path)
             except OSError as exc:
                 problem = f"{f.relpath!r} {exc}"
         boxes, labels = [], []

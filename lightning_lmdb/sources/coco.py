@@ -24,6 +24,9 @@ id: a category id not in ``categories``, an annotation for an image id that does
 listed twice, a missing image file, a malformed ``bbox``, a box outside its image -- ``SourceScan.special`` entries (the
 build refuses them, or skips and records them with ``on_error="skip"``). A file that is not JSON, lacks a key, or whose
 ``categories`` are malformed raises :class:`~lightning_lmdb.errors.SourceError`.
+
+**On object storage** (:mod:`lightning_lmdb.sources.objectstore`): a ``.json`` URL is a COCO JSON, read with one GET; its images
+prefix is found among the same candidates (``root=`` a URL), from one listing of the JSON's prefix's parent.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_lmdb.errors import SourceError
+from lightning_lmdb.remote import objects, urls
+from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources import boxcheck
 from lightning_lmdb.sources.base import Labels, SourceFile, SourceOptions, SourceScan
 from lightning_lmdb.targets.boxes import Boxes
@@ -49,7 +54,10 @@ _PROBES = 5
 
 
 def accepts(source: object) -> bool:
-    """Whether ``source`` is a COCO JSON (see the module docstring; reads at most its first MiB)."""
+    """Whether ``source`` is a COCO JSON (see the module docstring; reads at most its first MiB), or a URL of a ``.json`` object
+    (named so: nothing is requested here; its scan reads it)."""
+    if is_remote(source):
+        return not source.endswith("/") and urls.name(source).lower().endswith(".json")  # type: ignore[attr-defined]
     if not isinstance(source, Path) or source.suffix.lower() != ".json" or not source.is_file():
         return False
     try:
@@ -66,7 +74,7 @@ def accepts(source: object) -> bool:
 
 @dataclass
 class _Coco:
-    path: Path
+    path: Path | str  # a URL on object storage
     name: str
     classes: list[str]
     category_ids: list[int]
@@ -75,19 +83,32 @@ class _Coco:
     digest: str
 
 
-_CACHE: dict[str, tuple[tuple[int, int, int], _Coco]] = {}
+_CACHE: dict[str, tuple[tuple[Any, ...], _Coco]] = {}
 
 
 def _load(source: Path) -> _Coco:
-    """The parsed JSON of ``source`` (remembered while its size and mtime are unchanged)."""
-    path = source.expanduser().resolve()
-    st = path.stat()
-    key = (st.st_ino, st.st_size, st.st_mtime_ns)
-    found = _CACHE.get(str(path))
-    if found is not None and found[0] == key:
-        return found[1]
-    where = repr(str(path))
-    data = path.read_bytes()
+    """The parsed JSON of ``source`` (remembered while its size and mtime are unchanged; an object's while its ETag is: one
+    HEAD, then one GET with that ETag as ``If-Match``)."""
+    path: Path | str
+    if is_remote(source):
+        from lightning_lmdb.remote import objects
+
+        path, item = str(source), objects.stat(str(source))
+        key: tuple[Any, ...] = (item.size, item.etag)
+        found = _CACHE.get(path)
+        if found is not None and found[0] == key:
+            return found[1]
+        where, file_name = repr(urls.redact(path)), urls.name(path)
+        data = objects.read(path, etag=item.etag or None)
+    else:
+        path = source.expanduser().resolve()
+        st = path.stat()
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        found = _CACHE.get(str(path))
+        if found is not None and found[0] == key:
+            return found[1]
+        where, file_name = repr(str(path)), path.name
+        data = path.read_bytes()
     try:
         raw = json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError:
@@ -115,7 +136,7 @@ def _load(source: Path) -> _Coco:
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise SourceError(f"{where}: the category name(s) {twice} are used by several category ids; give each category its own name.")
-    coco = _Coco(path, path.name, names, order, raw["images"], raw["annotations"], boxcheck.digest([data]))
+    coco = _Coco(path, file_name, names, order, raw["images"], raw["annotations"], boxcheck.digest([data]))
     _CACHE.clear()
     _CACHE[str(path)] = (key, coco)
     return coco
@@ -125,7 +146,7 @@ def labels(source: Path, options: SourceOptions | None = None) -> Labels:
     """The classes (the categories in id order, or ``classes=``) and the target kind ``"boxes"``; the JSON is parsed, no image read."""
     options = boxcheck.check_options(NAME, source, options)
     coco = _load(source)
-    found, _ = boxcheck.given_classes(coco.classes, options, repr(str(coco.path)))
+    found, _ = boxcheck.given_classes(coco.classes, options, _shown(coco))
     return Labels(found, {c: k for k, c in enumerate(found)}, "boxes")
 
 
@@ -140,9 +161,41 @@ def has_samples(source: Path, options: SourceOptions | None = None) -> bool:
     return bool(_load(source).images)
 
 
-def _split_name(json_path: Path) -> str:
-    stem = json_path.stem
+def _shown(coco: _Coco) -> str:
+    return repr(urls.redact(coco.path)) if isinstance(coco.path, str) else repr(str(coco.path))
+
+
+def _split_name(json_path: Path | str) -> str:
+    stem = Path(urls.name(json_path) if isinstance(json_path, str) else json_path.name).stem
     return stem[len("instances_"):] if stem.startswith("instances_") else stem
+
+
+def _remote_images_root(coco: _Coco, options: SourceOptions) -> tuple[str, dict[str, objects.RemoteObject]]:
+    """The images prefix of a COCO JSON on object storage, found as :func:`_images_root` finds a folder, and its listing by URL:
+    one listing of ``root=``, or of the JSON's prefix's parent (which holds every candidate)."""
+    from lightning_lmdb.sources import objectstore
+
+    json_url = str(coco.path)
+    if options.root is not None:
+        if not is_remote(options.root):
+            raise SourceError(f"root={options.root!r} is a local folder, but the COCO JSON {_shown(coco)} is on object storage; pass the "
+                              "URL of the prefix that holds its images as root=.")
+        root = objectstore.root_of(str(options.root))
+        return root, {item.url: item for item in objectstore.listing(root)}
+    here, split = urls.parent(json_url), _split_name(json_url)
+    above = urls.parent(here)
+    listed = {item.url: item for item in objectstore.listing(above)}
+    candidates = [urls.join(here, "images", split), urls.join(above, "images", split), urls.join(above, split), urls.join(here, "images"),
+                  here]
+    names = [image.get("file_name") for image in coco.images[:_PROBES] if isinstance(image, dict)]
+    names = [name for name in names if isinstance(name, str) and name]
+    for folder in candidates:
+        inside = folder.rstrip("/") + "/"
+        if any(url.startswith(inside) for url in listed) and (not names or any(urls.join(folder, name) in listed for name in names)):
+            return folder.rstrip("/"), {url: item for url, item in listed.items() if url.startswith(inside)}
+    tried = ", ".join(repr(urls.redact(folder)) for folder in candidates)
+    raise SourceError(f"No images prefix found for {_shown(coco)}: none of {tried} holds its first images ({names[:3]}). "
+                      "Pass the URL of the prefix that holds them as root= (CLI --root, Hydra data.source_options.root).")
 
 
 def _images_root(coco: _Coco, options: SourceOptions) -> Path:
@@ -177,15 +230,21 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
     """
     options = boxcheck.check_options(NAME, source, options)
     coco = _load(source)
-    root = _images_root(coco, options)
-    classes_, index = boxcheck.given_classes(coco.classes, options, repr(str(coco.path)))
+    listed: dict[str, objects.RemoteObject] | None = None
+    if isinstance(coco.path, str):
+        root, listed = _remote_images_root(coco, options)
+        shown_root, prefix = urls.redact(root), root + "/"
+    else:
+        root = _images_root(coco, options)  # type: ignore[assignment]
+        shown_root, prefix = str(root), str(root) + os.sep
+    classes_, index = boxcheck.given_classes(coco.classes, options, _shown(coco))
     class_of = {cid: index[k] for k, cid in enumerate(coco.category_ids)}
-    name, prefix = coco.name, str(root) + os.sep
+    name = coco.name
     tally = boxcheck.BoxTally(clip=bool(options.clip_boxes))
     special: list[tuple[str, str]] = []
     images: dict[int, tuple[int, dict[str, Any]]] = {}  # image id -> its index in images, the image
     by_name: dict[str, int] = {}
-    listed: list[tuple[int, str, dict[str, Any]]] = []  # (image id, relpath, image), in the JSON's order
+    images_listed: list[tuple[int, str, dict[str, Any]]] = []  # (image id, relpath, image), in the JSON's order
     for i, image in enumerate(coco.images):
         iid = image.get("id") if isinstance(image, dict) else None
         file_name = image.get("file_name") if isinstance(image, dict) else None
@@ -195,7 +254,7 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
             continue
         relpath = os.path.normpath(file_name).replace(os.sep, "/")
         if os.path.isabs(file_name) or relpath == ".." or relpath.startswith("../"):
-            special.append((file_name, f"{name} image id {iid}: file_name {file_name!r} leads out of the images folder {str(root)!r}; "
+            special.append((file_name, f"{name} image id {iid}: file_name {file_name!r} leads out of the images folder {shown_root!r}; "
                                        "write it relative to that folder, or set root= to a folder that holds it"))
             continue
         if iid in images:
@@ -208,7 +267,7 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
             images[iid] = (i, image)  # its annotations are not an unknown image's
             continue
         images[iid], by_name[relpath] = (i, image), iid
-        listed.append((iid, relpath, image))
+        images_listed.append((iid, relpath, image))
     per_image: dict[int, list[dict[str, Any]]] = {}
     for j, ann in enumerate(coco.annotations):
         aid = ann.get("id", f"#{j}") if isinstance(ann, dict) else f"#{j}"
@@ -222,13 +281,14 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
         else:
             per_image.setdefault(iid, []).append({**ann, "_place": place})
     files: list[SourceFile] = []
-    for iid, relpath, image in listed:
+    found = boxcheck.Images(listed, (prefix + relpath for _, relpath, _ in images_listed) if listed is not None else ())
+    for iid, relpath, image in images_listed:
         path = prefix + relpath
         origin = f"{name} image id {iid}"
-        size, mtime, problem = boxcheck.stat_image(path)
+        size, mtime, problem = found.stat(path)
         if problem is None:
             try:
-                width, height, orientation = boxcheck.image_header(path)
+                width, height, orientation = found.header(path)
             except OSError as exc:
                 problem = f"{relpath!r} {exc}"
             else:
@@ -242,7 +302,7 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
             special.append((relpath, f"{origin}: {problem}"))
             continue
         tally.orientation(relpath, orientation)
-        files.append(SourceFile(path, relpath, target, size, mtime, "", origin))  # type: ignore[arg-type]
+        files.append(SourceFile(path, relpath, target, size, mtime, "", origin, etag=found.etag(path)))  # type: ignore[arg-type]
     identity = json.dumps({"coco": name, "digest": coco.digest, "classes": classes_, "root": str(root), "clip": bool(options.clip_boxes)},
                           sort_keys=True, ensure_ascii=False)
     return SourceScan(root=root, classes=classes_, class_to_idx={c: k for k, c in enumerate(classes_)}, files=files, special=special,

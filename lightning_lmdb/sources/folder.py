@@ -286,17 +286,17 @@ def prefix_classes(url: str) -> list[str]:
 
 
 def _refuse_other_layouts(root: str, items: list[tuple[str, RemoteObject]]) -> None:
-    """Refuse a prefix laid out as another source kind, which a local folder of that layout would be read as: a YOLO folder
-    (``images/`` beside ``labels/``) or a Pascal VOC one (``Annotations/`` beside ``JPEGImages/``), not supported on object
-    storage yet; or a Hugging Face folder holding ``metadata.csv`` / ``metadata.jsonl``, whose URL is the manifest to pass.
+    """Refuse a prefix laid out as another source kind: a YOLO folder (``images/`` beside ``labels/``) or a Pascal VOC one
+    (``Annotations/`` beside ``JPEGImages/``), which their own kinds read (this folder kind sees one only when it is asked
+    for directly); or a Hugging Face folder holding ``metadata.csv`` / ``metadata.jsonl``, whose URL is the manifest to pass.
     Reading any of them as an ImageFolder would serve other samples."""
     from lightning_lmdb.sources.manifest import METADATA_NAMES
 
     heads = {rel.split("/", 1)[0] for rel, _ in items if "/" in rel}
-    for kind, layout in (("A YOLO folder (images/ beside labels/)", {"images", "labels"}),
-                         ("A Pascal VOC folder (Annotations/ beside JPEGImages/)", {"Annotations", "JPEGImages"})):
+    for kind, layout in (("yolo", {"images", "labels"}), ("voc", {"Annotations", "JPEGImages"})):
         if layout <= heads:
-            raise objectstore.refuse(kind, root)
+            raise SourceError(f"{redact(root)}/ is laid out as {describe_kind(kind)}, not as an image folder: scan it as that kind "
+                              "(scan_source / build pick it for the prefix), not as an ImageFolder.")
     found = [rel for rel, _ in items if rel in METADATA_NAMES]
     if found:
         raise SourceError(f"{redact(root)}/ holds {found[0]}: a Hugging Face image folder (a prefix) is read through its metadata file: "

@@ -131,8 +131,6 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
     name, lines, bad, errors, values = table.name, table.lines, table.bad, targets.errors, targets.values
     if mask_col is not None and is_remote(root):
         raise objectstore.refuse("A manifest's mask column (segmentation)", str(source))
-    if targets.kind == "boxes" and is_remote(root):
-        raise objectstore.refuse("A manifest's boxes column (detection)", str(source))
     # the objects it lists: one listing per prefix holding them (their size and ETag), never one request per row
     placed = [_place(cell, prefix, path_col)[1] for cell in table.column(path_col)]
     listed = objectstore.stat_many([path for path in placed if is_remote(path)]) if any(map(is_remote, placed)) else {}

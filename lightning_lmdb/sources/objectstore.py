@@ -14,11 +14,22 @@ the common prefix of its keys. Objects directly under the prefix with no class p
 (``mtime_ns`` 0): the database's fingerprint, hence its staleness, follows the objects' sizes and ETags, and a build fetches each
 object only while it still has the listed ETag (``If-Match``: :func:`lightning_lmdb.sources.base.read_file`).
 
-COCO, YOLO and Pascal VOC sources, segmentation masks (``masks_dir``, a manifest's mask column) and a manifest's box column are
+**Detection sources** (:mod:`~lightning_lmdb.sources.coco`, :mod:`~lightning_lmdb.sources.yolo`,
+:mod:`~lightning_lmdb.sources.voc`): a COCO JSON at a URL, a YOLO or Pascal VOC layout under a prefix. Each is scanned as its
+local kind, from one listing: its annotation files are read with one GET each (``If-Match`` their listed ETag; a COCO JSON's
+ETag from one HEAD; YOLO's label files and VOC's XMLs, being many, fetched concurrently), each image's header (its size and
+EXIF orientation, which the box checks need) with one ranged GET of its first bytes (concurrently, ``If-Match`` its listed
+ETag), and the images themselves by the build as any object. A prefix is recognised as a YOLO or VOC layout by one delimited
+listing of its top-level "folders" (:func:`heads`).
+
+Segmentation masks (``masks_dir``, a manifest's mask column) and a manifest's box column are
 not supported on object storage yet: each is refused with a message saying so.
 """
 
 from __future__ import annotations
+
+import posixpath
+import time
 
 from lightning_lmdb.errors import SourceError
 from lightning_lmdb.remote import objects, urls
@@ -50,6 +61,51 @@ def listing(url: str) -> list[objects.RemoteObject]:
         raise FileNotFoundError(f"Source {urls.redact(root)}/ holds no objects (no such prefix in the bucket). Check the URL: a source "
                                 "on object storage is a prefix of images (ImageFolder layout, e.g. s3://bucket/train/) or a manifest.")
     return found
+
+
+#: How long :func:`heads` remembers a prefix's folders (a source's kind is asked several times in one call).
+_HEADS_SECONDS = 2.0
+_HEADS: dict[str, tuple[float, frozenset[str]]] = {}
+
+
+def heads(url: str) -> frozenset[str]:
+    """The names of the "folders" directly under the prefix ``url`` (one delimited listing, remembered for two seconds); none
+    when it cannot be listed (the kind that takes the prefix reports why)."""
+    from lightning_lmdb.remote import fs
+
+    root = root_of(url)
+    found = _HEADS.get(root)
+    if found is not None and time.monotonic() - found[0] < _HEADS_SECONDS:
+        return found[1]
+    try:
+        filesystem, path = fs.filesystem(root), root.split("://", 1)[1]
+        entries = filesystem.ls(path, detail=True, refresh=True)
+        filesystem.invalidate_cache(path)  # nothing else answers from this listing (an ETag read later is never a cached one)
+        names = frozenset(posixpath.basename(entry["name"].rstrip("/")) for entry in entries if entry.get("type") == "directory")
+    except Exception:  # noqa: BLE001 -- any failure: no layout recognised; the folder kind's listing reports it
+        names = frozenset()
+    _HEADS[root] = (time.monotonic(), names)
+    return names
+
+
+def resolve(url: str, relative: str) -> str:
+    """``relative`` (``.``, ``..`` and ``/`` as in a path) taken from the prefix ``url``, without a trailing ``/``.
+
+    Raises:
+        SourceError: It leads above the bucket.
+    """
+    bucket, key = urls.bucket_key(url)
+    joined = posixpath.normpath(posixpath.join("/" + key, relative))
+    if joined.startswith("//"):
+        joined = joined[1:]
+    out = f"{urls.scheme(url)}://{bucket}{joined}".rstrip("/")
+    return out
+
+
+def under(listed: dict[str, objects.RemoteObject], prefix: str) -> dict[str, objects.RemoteObject]:
+    """The objects of ``listed`` below the prefix ``prefix``."""
+    inside = prefix.rstrip("/") + "/"
+    return {url: item for url, item in listed.items() if url.startswith(inside)}
 
 
 def relative_items(items: list[objects.RemoteObject], root: str) -> list[tuple[str, objects.RemoteObject]]:

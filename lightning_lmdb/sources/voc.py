@@ -18,6 +18,9 @@ declaration (refused, never expanded), one without ``size`` or an object without
 coordinate that is not a number, a box outside its image (:mod:`lightning_lmdb.sources.boxcheck`), a missing image, an
 id listed by a split file without its XML or by two split files -- ``SourceScan.special`` entries (the build refuses them,
 or skips and records them with ``on_error="skip"``).
+
+**On object storage** (:mod:`lightning_lmdb.sources.objectstore`): a prefix holding ``Annotations/`` and ``JPEGImages/`` is read
+as the same layout from one listing; the XMLs are fetched concurrently.
 """
 
 from __future__ import annotations
@@ -26,8 +29,12 @@ import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lightning_lmdb.errors import SourceError
+from lightning_lmdb.remote import urls
+from lightning_lmdb.remote.objects import RemoteObject
+from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources import boxcheck
 from lightning_lmdb.sources.base import Labels, SourceFile, SourceOptions, SourceScan
 from lightning_lmdb.targets.boxes import Boxes
@@ -40,7 +47,12 @@ _SPLITS = ("train", "val", "test")
 
 
 def accepts(source: object) -> bool:
-    """Whether ``source`` is a folder holding ``Annotations/`` and ``JPEGImages/``."""
+    """Whether ``source`` is a folder holding ``Annotations/`` and ``JPEGImages/`` (or such a prefix of object storage: one
+    delimited listing)."""
+    if is_remote(source):
+        from lightning_lmdb.sources import objectstore
+
+        return objectstore.is_prefix(source) and {"Annotations", "JPEGImages"} <= objectstore.heads(source)  # type: ignore[arg-type]
     return isinstance(source, Path) and (source / "Annotations").is_dir() and (source / "JPEGImages").is_dir()
 
 
@@ -57,18 +69,27 @@ class _Xml:
     error: str | None = None
 
 
-def _listed(root: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]], int]:
+def _listed(root: Path | _Remote) -> tuple[list[tuple[str, str]], list[tuple[str, str]], int]:
     """``([(id, split)], special, unlisted count)`` of the ImageSets split files, or every XML without a split."""
-    sets = root / "ImageSets" / "Main"
-    xmls = sorted(p.stem for p in (root / "Annotations").glob("*.xml"))
-    found = [(split, sets / f"{split}.txt") for split in _SPLITS if (sets / f"{split}.txt").is_file()]
+    if isinstance(root, _Remote):
+        xmls = root.xml_stems()
+        found: list[tuple[str, Any]] = [(split, f"ImageSets/Main/{split}.txt") for split in _SPLITS
+                                        if root.has(f"ImageSets/Main/{split}.txt")]
+    else:
+        sets = root / "ImageSets" / "Main"
+        xmls = sorted(p.stem for p in (root / "Annotations").glob("*.xml"))
+        found = [(split, sets / f"{split}.txt") for split in _SPLITS if (sets / f"{split}.txt").is_file()]
     if not found:
         return [(stem, "") for stem in xmls], [], 0
     listed: list[tuple[str, str]] = []
     special: list[tuple[str, str]] = []
     seen: dict[str, str] = {}
-    for split, path in found:
-        for number, line in enumerate(path.read_text(encoding="utf-8-sig", errors="replace").splitlines(), 1):
+    if isinstance(root, _Remote):
+        texts = root.texts([path for _, path in found])
+    else:
+        texts = [path.read_text(encoding="utf-8-sig", errors="replace") for _, path in found]
+    for (split, _), text in zip(found, texts, strict=True):
+        for number, line in enumerate(text.splitlines(), 1):
             fields = line.split()
             if not fields:
                 continue
@@ -95,12 +116,11 @@ def _text(node: ET.Element, name: str) -> str | None:
     return None if child is None or child.text is None else child.text.strip()
 
 
-def _parse(root: Path, stem: str, split: str) -> _Xml:
+def _parse(root: Path | _Remote, stem: str, split: str) -> _Xml:
     rel = f"Annotations/{stem}.xml"
     found = _Xml(rel, f"JPEGImages/{stem}.jpg", split)
-    path = root / rel
     try:
-        found.raw = path.read_bytes()
+        found.raw = root.read(rel) if isinstance(root, _Remote) else (root / rel).read_bytes()
     except OSError:
         found.error = f"{rel} is missing; add the annotation of image id {stem!r}, or remove it from its ImageSets file"
         return found
@@ -145,10 +165,67 @@ def _parse(root: Path, stem: str, split: str) -> _Xml:
     return found
 
 
-def _read(source: Path) -> tuple[Path, list[_Xml], list[tuple[str, str]], int]:
-    root = source.expanduser().resolve()
+def _read(source: Path | str) -> tuple[Path | _Remote, list[_Xml], list[tuple[str, str]], int]:
+    root: Path | _Remote = _Remote.of(source) if is_remote(source) else Path(source).expanduser().resolve()
     listed, special, unlisted = _listed(root)
+    if isinstance(root, _Remote):  # the XMLs, many small objects: fetched at once
+        root.fetch([f"Annotations/{stem}.xml" for stem, _ in listed])
     return root, [_parse(root, stem, split) for stem, split in listed], special, unlisted
+
+
+class _Remote:
+    """A VOC layout under a prefix of object storage: one listing; its files read with their listed ETags as ``If-Match``."""
+
+    def __init__(self, root: str, listed: dict[str, RemoteObject]) -> None:
+        self.root = root
+        self.listed = listed
+        self._fetched: dict[str, bytes] = {}
+
+    @classmethod
+    def of(cls, source: str) -> _Remote:
+        from lightning_lmdb.sources import objectstore
+
+        root = objectstore.root_of(source)
+        return cls(root, {item.url: item for item in objectstore.listing(root)})
+
+    def __str__(self) -> str:
+        return urls.redact(self.root)
+
+    def url(self, rel: str) -> str:
+        return urls.join(self.root, rel)
+
+    def has(self, rel: str) -> bool:
+        return self.url(rel) in self.listed
+
+    def xml_stems(self) -> list[str]:
+        """The names (without ``.xml``) of the objects directly under ``Annotations/``, sorted."""
+        inside = self.url("Annotations") + "/"
+        return sorted(url[len(inside):-len(".xml")] for url in self.listed
+                      if url.startswith(inside) and url.endswith(".xml") and "/" not in url[len(inside):])
+
+    def fetch(self, rels: list[str]) -> None:
+        """Fetch the listed objects among ``rels`` concurrently (:func:`lightning_lmdb.remote.objects.read_many`)."""
+        from lightning_lmdb.remote import objects
+
+        wanted = [rel for rel in dict.fromkeys(rels) if self.has(rel) and rel not in self._fetched]
+        found = objects.read_many([(self.url(rel), self.listed[self.url(rel)].etag or None, None, None) for rel in wanted])
+        self._fetched.update(zip(wanted, found, strict=True))
+
+    def read(self, rel: str) -> bytes:
+        """A fetched object's bytes.
+
+        Raises:
+            FileNotFoundError: It is not in the listing.
+        """
+        if rel not in self._fetched:
+            self.fetch([rel])
+        if rel not in self._fetched:
+            raise FileNotFoundError(self.url(rel))
+        return self._fetched[rel]
+
+    def texts(self, rels: list[str]) -> list[str]:
+        self.fetch(rels)
+        return [self.read(rel).decode("utf-8-sig", errors="replace") for rel in rels]
 
 
 def _names(xmls: list[_Xml]) -> list[str]:
@@ -171,7 +248,7 @@ def classes(source: Path, options: SourceOptions | None = None) -> tuple[list[st
 
 def has_samples(source: Path, options: SourceOptions | None = None) -> bool:
     """Whether the folder lists at least one annotation."""
-    return bool(_listed(source.expanduser().resolve())[0])
+    return bool(_listed(_Remote.of(source) if is_remote(source) else source.expanduser().resolve())[0])  # type: ignore[arg-type]
 
 
 def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
@@ -184,7 +261,13 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
     options = boxcheck.check_options(NAME, source, options)
     root, xmls, special, unlisted = _read(source)
     if not xmls:
-        raise SourceError(f"No annotations found in {str(root / 'Annotations')!r} (or listed by ImageSets/Main/{{train,val,test}}.txt).")
+        shown = str(root) + "/Annotations" if isinstance(root, _Remote) else str(root / "Annotations")
+        raise SourceError(f"No annotations found in {shown!r} (or listed by ImageSets/Main/{{train,val,test}}.txt).")
+    path_of = root.url if isinstance(root, _Remote) else (lambda rel: str(root / rel))  # type: ignore[operator]
+    if isinstance(root, _Remote):  # the images' headers, fetched at once
+        found = boxcheck.Images(root.listed, (path_of(x.image) for x in xmls if x.error is None))
+    else:
+        found = boxcheck.Images()
     names = _names(xmls)
     classes_, index = boxcheck.given_classes(names, options, repr(str(root)))
     class_of = {name: index[k] for k, name in enumerate(names)}
@@ -197,10 +280,10 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
             problem = f"{x.xml}: its image {x.image!r} is the image of {seen[x.image]} already; each image has one annotation"
         seen.setdefault(x.image, x.xml)
         if problem is None:
-            size, mtime, problem = boxcheck.stat_image(str(root / x.image))
+            size, mtime, problem = found.stat(path_of(x.image))
         if problem is None:
             try:
-                width, height, orientation = boxcheck.image_header(str(root / x.image))
+                width, height, orientation = found.header(path_of(x.image))
             except OSError as exc:
                 problem = f"{x.image!r} {exc}"
             else:
@@ -223,8 +306,10 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
             continue
         tally.orientation(x.image, orientation)
         target = Boxes(tuple(boxes), tuple(labels_), difficult=tuple(difficult), image_size=(height, width))
-        files.append(SourceFile(str(root / x.image), x.image, target, size, mtime, x.split, x.xml))  # type: ignore[arg-type]
-    identity = json.dumps({"voc": str(root), "digest": boxcheck.digest(x.xml.encode() + b"\0" + x.raw for x in xmls), "classes": classes_,
+        files.append(SourceFile(path_of(x.image), x.image, target, size, mtime, x.split, x.xml,  # type: ignore[arg-type]
+                                etag=found.etag(path_of(x.image))))
+    where: Any = root.root if isinstance(root, _Remote) else root
+    identity = json.dumps({"voc": str(where), "digest": boxcheck.digest(x.xml.encode() + b"\0" + x.raw for x in xmls), "classes": classes_,
                            "clip": bool(options.clip_boxes)}, sort_keys=True, ensure_ascii=False)
-    return SourceScan(root=root, classes=classes_, class_to_idx={c: k for k, c in enumerate(classes_)}, files=files, special=special,
+    return SourceScan(root=where, classes=classes_, class_to_idx={c: k for k, c in enumerate(classes_)}, files=files, special=special,
                       target_kind="boxes", identity=identity, target_meta=tally.meta(format="voc", unlisted=unlisted))

@@ -25,6 +25,9 @@ coordinate outside 0-1, a class index beyond the names, a box past its image's e
 folder whose label files match no image (a typo would make every image a negative) raises
 :class:`~lightning_lmdb.errors.SourceError`; label files that match no image while others do are counted
 (``target_meta["unmatched_labels"]``).
+
+**On object storage** (:mod:`lightning_lmdb.sources.objectstore`): a prefix holding ``images/`` and ``labels/``, or a data.yaml's
+URL, is read as the same layout from one listing; the label files are fetched concurrently.
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning_lmdb.errors import SourceError
+from lightning_lmdb.remote import urls
+from lightning_lmdb.remote.objects import RemoteObject
+from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources import boxcheck
 from lightning_lmdb.sources.base import Labels, SourceFile, SourceOptions, SourceScan
 from lightning_lmdb.targets.boxes import Boxes
@@ -50,7 +57,14 @@ _SLACK = 1e-6
 
 
 def accepts(source: object) -> bool:
-    """Whether ``source`` is a folder holding ``images/`` and ``labels/``, or a YAML file with a ``names:`` key."""
+    """Whether ``source`` is a folder holding ``images/`` and ``labels/``, or a YAML file with a ``names:`` key; on object
+    storage, a ``.yaml`` / ``.yml`` object (by its name), or a prefix holding ``images/`` and ``labels/`` (one delimited listing)."""
+    if is_remote(source):
+        from lightning_lmdb.sources import objectstore
+
+        if urls.name(source).lower().endswith((".yaml", ".yml")) and not source.endswith("/"):  # type: ignore[attr-defined]
+            return True
+        return objectstore.is_prefix(source) and {"images", "labels"} <= objectstore.heads(source)  # type: ignore[arg-type]
     if not isinstance(source, Path):
         return False
     if source.is_dir():
@@ -186,11 +200,11 @@ def _layout(source: Path) -> tuple[Path, Path | None, dict[str, Any]]:
     return root, yaml, keys
 
 
-def _names(root: Path, yaml: Path | None, keys: dict[str, Any]) -> tuple[list[str], bytes]:
-    """The class names in index order, and the bytes they were read from."""
+def _names(root: Path, yaml: Path | None, keys: dict[str, Any], shown: str | None = None) -> tuple[list[str], bytes]:
+    """The class names in index order, and the bytes they were read from (``shown``: the YAML as errors name it)."""
     names = keys.get("names")
     if names is not None:
-        where = repr(str(yaml))
+        where = repr(shown or str(yaml))
         if isinstance(names, dict):
             if sorted(names) != list(range(len(names))):
                 raise SourceError(f"{where}: names: has the indices {sorted(names, key=str)}; a mapping of names gives every index "
@@ -211,7 +225,8 @@ def _names(root: Path, yaml: Path | None, keys: dict[str, Any]) -> tuple[list[st
             raise SourceError(f"{str(listed)!r} is empty: list the class names, one a line, in index order.")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise SourceError(f"{str(yaml or root)!r}: the class name(s) {twice} are given to several indices; give each class its own name.")
+        raise SourceError(f"{shown or str(yaml or root)!r}: the class name(s) {twice} are given to several indices; give each class its "
+                          "own name.")
     return names, raw
 
 
@@ -258,6 +273,10 @@ def _label_path(image: Path) -> Path | None:
 def labels(source: Path, options: SourceOptions | None = None) -> Labels:
     """The classes (the names, or ``classes=``) and the target kind ``"boxes"``; no label file or image is read."""
     options = boxcheck.check_options(NAME, source, options)
+    if is_remote(source):
+        remote = _remote_layout(str(source))
+        found, _ = boxcheck.given_classes(_remote_names(remote)[0], options, repr(urls.redact(remote.yaml or remote.root)))
+        return Labels(found, {c: k for k, c in enumerate(found)}, "boxes")
     root, yaml, keys = _layout(source)
     found, _ = boxcheck.given_classes(_names(root, yaml, keys)[0], options, repr(str(yaml or root)))
     return Labels(found, {c: k for k, c in enumerate(found)}, "boxes")
@@ -271,6 +290,9 @@ def classes(source: Path, options: SourceOptions | None = None) -> tuple[list[st
 
 def has_samples(source: Path, options: SourceOptions | None = None) -> bool:
     """Whether a split folder (or ``images/``) holds at least one file named like an image."""
+    if is_remote(source):
+        remote = _remote_layout(str(source))
+        return any(_remote_images(remote, folder) for _, folder in _remote_splits(remote))
     root, yaml, keys = _layout(source)
     return any(any(n.lower().endswith(boxcheck.IMG_SUFFIXES) for _, _, names in os.walk(folder, followlinks=True) for n in names)
                for _, folder in _split_folders(root, yaml, keys))
@@ -284,6 +306,8 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
         OptionError: An option a YOLO source does not take.
     """
     options = boxcheck.check_options(NAME, source, options)
+    if is_remote(source):
+        return _scan_remote(str(source), options)
     root, yaml, keys = _layout(source)
     names, names_raw = _names(root, yaml, keys)
     classes_, index = boxcheck.given_classes(names, options, repr(str(yaml or root)))
@@ -334,6 +358,175 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
                            "clip": bool(options.clip_boxes)}, sort_keys=True, ensure_ascii=False)
     return SourceScan(root=root, classes=classes_, class_to_idx={c: k for k, c in enumerate(classes_)}, files=files, special=special,
                       target_kind="boxes", identity=identity, target_meta=tally.meta(format="yolo", unmatched_labels=unmatched))
+
+
+# --- under a prefix of object storage (lightning_lmdb.sources.objectstore): the same layout, from one listing ---------------
+
+
+@dataclass
+class _Remote:
+    root: str  # the dataset's prefix, no trailing "/"
+    yaml: str | None
+    keys: dict[str, Any]
+    listed: dict[str, RemoteObject]  # every object under root, by URL
+
+
+def _remote_layout(source: str) -> _Remote:
+    """The dataset prefix of ``source`` (a prefix, or a data.yaml's URL), its YAML and keys, and one listing of the prefix."""
+    from lightning_lmdb.remote import objects
+    from lightning_lmdb.sources import objectstore
+
+    is_yaml = not objectstore.is_prefix(source)
+    root = urls.parent(source) if is_yaml else objectstore.root_of(source)
+    listed = {item.url: item for item in objectstore.listing(root)} if not is_yaml else {}
+    yaml = source if is_yaml else next((urls.join(root, n) for n in _YAML_NAMES if urls.join(root, n) in listed), None)
+    if yaml is None:
+        return _Remote(root, None, {}, listed)
+    raw = objects.read(yaml, etag=listed[yaml].etag if yaml in listed else None)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise SourceError(f"{urls.redact(yaml)!r} is not UTF-8 text; save it as UTF-8.") from None
+    keys = parse_yaml(text, repr(urls.redact(yaml)))
+    if is_yaml:
+        base = keys.get("path")
+        if base is not None and not isinstance(base, str):
+            raise SourceError(f"{urls.redact(yaml)!r}: path: {base!r} is not a folder name.")
+        root = objectstore.resolve(root, base) if base else root
+        listed = {item.url: item for item in objectstore.listing(root)}
+    return _Remote(root, yaml, keys, listed)
+
+
+def _remote_names(remote: _Remote) -> tuple[list[str], bytes]:
+    """:func:`_names` of a dataset under a prefix (a classes.txt read with one GET)."""
+    from lightning_lmdb.remote import objects
+
+    if remote.keys.get("names") is not None:
+        return _names(Path(), None, remote.keys, urls.redact(remote.yaml or remote.root))
+    listed = next((u for u in (urls.join(remote.root, "classes.txt"), urls.join(remote.root, "labels", "classes.txt"))
+                   if u in remote.listed), None)
+    if listed is None:
+        raise SourceError(f"{urls.redact(remote.root)!r} names no classes: a YOLO dataset gives its class names in a data.yaml (names: "
+                          "[...]) or in a classes.txt (one name a line, in index order). Add one.")
+    raw = objects.read(listed, etag=remote.listed[listed].etag or None)
+    names = [line.strip() for line in raw.decode("utf-8-sig", errors="replace").splitlines() if line.strip()]
+    if not names:
+        raise SourceError(f"{urls.redact(listed)!r} is empty: list the class names, one a line, in index order.")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SourceError(f"{urls.redact(listed)!r}: the class name(s) {twice} are given to several indices; give each class its own name.")
+    return names, raw
+
+
+def _remote_splits(remote: _Remote) -> list[tuple[str, str]]:
+    """:func:`_split_folders` under a prefix: a "folder" is a prefix holding objects of the listing."""
+    from lightning_lmdb.sources import objectstore
+
+    shown = repr(urls.redact(remote.yaml or remote.root))
+    found = []
+    for split in _SPLITS:
+        value = remote.keys.get(split)
+        if value is None:
+            continue
+        if not isinstance(value, str) or value.lower().endswith(".txt"):
+            raise SourceError(f"{shown}: {split}: {value!r} is not a folder of images; this reader takes one folder per split "
+                              "(e.g. images/train), not lists or .txt files of paths.")
+        folder = objectstore.resolve(remote.root, value)
+        if not objectstore.under(remote.listed, folder):
+            raise SourceError(f"{shown}: {split}: {value!r} is not a folder ({urls.redact(folder)!r}: no objects under it); fix it "
+                              f"(relative to {urls.redact(remote.root)!r}).")
+        found.append((split, folder))
+    for (a, fa), (b, fb) in ((x, y) for i, x in enumerate(found) for y in found[i + 1:]):
+        if fa == fb or fa.startswith(fb + "/") or fb.startswith(fa + "/"):
+            raise SourceError(f"{shown}: {a}: and {b}: name one folder (or one holds the other), so an image would be in two "
+                              "splits; give each split its own folder.")
+    if not found:
+        images = urls.join(remote.root, "images")
+        if not objectstore.under(remote.listed, images):
+            raise SourceError(f"{urls.redact(remote.root)!r} has no images/ prefix and {shown} names no train: / val: folders; fix "
+                              "the layout.")
+        found.append(("", images))
+    return found
+
+
+def _remote_images(remote: _Remote, folder: str) -> list[str]:
+    """The URLs of the images under ``folder``, in the order :func:`_images` gives a folder's (by path component)."""
+    from lightning_lmdb.sources import objectstore
+
+    found = [url for url in objectstore.under(remote.listed, folder) if url.lower().endswith(boxcheck.IMG_SUFFIXES)]
+    return sorted(found, key=lambda url: url.split("/"))
+
+
+def _remote_label(url: str) -> str | None:
+    scheme_bucket, _, key = url.partition("://")[2].partition("/")
+    label = _label_path(Path("/", *key.split("/")))
+    return None if label is None else f"{urls.scheme(url)}://{scheme_bucket}{label.as_posix()}"
+
+
+def _scan_remote(source: str, options: SourceOptions) -> SourceScan:
+    """:func:`scan` of a dataset under a prefix: one listing; the label files fetched concurrently, the images' headers too."""
+    from lightning_lmdb.remote import objects
+    from lightning_lmdb.sources import objectstore
+
+    remote = _remote_layout(source)
+    root, shown = remote.root, urls.redact(remote.yaml or remote.root)
+    names, names_raw = _remote_names(remote)
+    classes_, index = boxcheck.given_classes(names, options, repr(shown))
+    tally = boxcheck.BoxTally(clip=bool(options.clip_boxes))
+    files: list[SourceFile] = []
+    special: list[tuple[str, str]] = []
+    raws: list[bytes] = [names_raw]
+    splits = _remote_splits(remote)
+    images = [(split, image) for split, folder in splits for image in _remote_images(remote, folder)]
+    if not images:
+        raise SourceError(f"No images found in {urls.redact(root)!r}'s image folders: expected objects ending in "
+                          f"{', '.join(boxcheck.IMG_SUFFIXES)}.")
+    label_of = {image: _remote_label(image) for _, image in images}
+    wanted = [label for label in dict.fromkeys(label_of.values()) if label is not None and label in remote.listed]
+    fetched = dict(zip(wanted, objects.read_many([(u, remote.listed[u].etag or None, None, None) for u in wanted]), strict=True))
+    found = boxcheck.Images(remote.listed, (image for image, label in label_of.items() if label is not None))
+    used: set[str] = set()
+    for split, image in images:
+        relpath = urls.relative(image, root)
+        label = label_of[image]
+        if label is None:
+            special.append((relpath, f"{relpath!r} is in no 'images' folder, so its label file cannot be found; put the images under "
+                                     "images/ and their labels under labels/"))
+            continue
+        size, mtime, problem = found.stat(image)
+        if problem is None:
+            try:
+                width, height, orientation = found.header(image)
+            except OSError as exc:
+                problem = f"{relpath!r} {exc}"
+        origin = ""
+        target: Boxes | None = Boxes(image_size=(height, width)) if problem is None else None
+        if problem is None and label in fetched:
+            used.add(label)
+            origin = urls.relative(label, root)
+            raw = fetched[label]
+            raws.append(origin.encode() + b"\0" + raw)
+            target, problem = _parse(raw, origin, width, height, len(names), index, tally)
+        if problem is not None:
+            special.append((relpath, problem))
+            continue
+        tally.orientation(relpath, orientation)
+        files.append(SourceFile(image, relpath, target, size, mtime, split, origin, etag=found.etag(image)))  # type: ignore[arg-type]
+    label_dirs = {urls.join(root, "labels")} | {urls.parent(p) for p in (_remote_label(urls.join(folder, "x")) for _, folder in splits)
+                                                if p}
+    label_files = {u for d in label_dirs for u in objectstore.under(remote.listed, d)
+                   if u.endswith(".txt") and urls.name(u) != "classes.txt"}
+    unmatched = len(label_files - used)
+    if label_files and not used:
+        listed = ", ".join(urls.relative(u, root) for u in sorted(label_files)[:3])
+        raise SourceError(f"None of the {len(label_files)} label files under {urls.redact(root)!r} ({listed}, ...) belongs to an image: an "
+                          "image images/<dir>/<name>.<ext> has its label at labels/<dir>/<name>.txt. Fix the folder or file names (a "
+                          "typo would make every image one without boxes).")
+    identity = json.dumps({"yolo": remote.yaml or root, "digest": boxcheck.digest(raws), "classes": classes_,
+                           "clip": bool(options.clip_boxes)}, sort_keys=True, ensure_ascii=False)
+    return SourceScan(root=root, classes=classes_, class_to_idx={c: k for k, c in enumerate(classes_)}, files=files,  # type: ignore[arg-type]
+                      special=special, target_kind="boxes", identity=identity,
+                      target_meta=tally.meta(format="yolo", unmatched_labels=unmatched))
 
 
 def _rel(path: Path, root: Path) -> str:
