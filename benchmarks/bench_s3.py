@@ -156,7 +156,8 @@ def _child(args: list[str], env: dict[str, str] | None = None) -> tuple[subproce
     line = process.stdout.readline()
     if not line.strip().isdigit():
         process.kill()
-        raise RuntimeError(f"{shlex.join(args[:2])}... did not start (printed {line!r}); is moto installed? pip install 'moto[server]'")
+        raise RuntimeError(f"{shlex.join(args[:2])}... did not start (printed {line!r}); is moto installed? "
+                           "pip install -e '.[test]' (moto[s3] and flask)")
     return process, int(line)
 
 

@@ -266,7 +266,7 @@ def test_the_raw_backend_reads_objects_in_spawned_workers(tmp_path: Path, s3: S3
     upload(local, f"{bucket}/train")
     monkeypatch.setattr(fs, "_options", {})
     common = {"batch_size": 4, "eval_transform": eval_transform(8), "build_workers": 0, "cache_dir": tmp_path / "cache"}
-    remote = LMDBDataModule(f"{bucket}/train", test_dir=f"{bucket}/train", backend="raw", num_workers=2,
+    remote = LMDBDataModule(f"{bucket}/train", test_dir=f"{bucket}/train", backend="raw", num_workers=1,
                             multiprocessing_context="spawn", persistent_workers=False, storage_options=s3.options, **common)
     here = LMDBDataModule(local, test_dir=local, backend="raw", num_workers=0, **common)
     for (xa, ya), (xb, yb) in zip(_served(remote), _served(here), strict=True):
