@@ -261,26 +261,18 @@ def _train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_train_py_hydra_files_and_logs_hold_no_secret(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    _train(tmp_path, f"hydra.run.dir={run_dir}", "+trainer.fast_dev_run=true")
-    hydra = run_dir / ".hydra"
-    assert {p.name for p in hydra.iterdir()} >= {"config.yaml", "hydra.yaml", "overrides.yaml"}
-    assert files_holding(run_dir, SECRET, KEY) == []
-    config = yaml.safe_load((hydra / "config.yaml").read_text())
-    assert config["data"]["storage_options"] == {"secret": "***", "key": "***", "token": "${oc.env:LLMDB_TEST_SECRET}"}, \
-        "values redacted, the environment reference kept (it holds no secret)"
-    assert "+data.storage_options.secret=***" in yaml.safe_load((hydra / "overrides.yaml").read_text())
-    assert (run_dir / "train.log").exists() and (run_dir / "perf_summary.json").exists()
-
-
-@pytest.mark.slow
 def test_train_py_multirun_files_and_launcher_logs_hold_no_secret(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     result = _train(tmp_path, "-m", "data=raw,lmdb", "ab.repeats=1", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}")
     assert "+data.storage_options.secret=***" in result.stdout + result.stderr, "Hydra's launcher logged the overrides, redacted"
     assert (sweep / "multirun.yaml").exists() and (sweep / "comparison.txt").exists() and (sweep / "1" / ".hydra").is_dir()
     assert files_holding(sweep, SECRET, KEY) == []
+    hydra = sweep / "0" / ".hydra"  # each run's own Hydra files, as a single run writes them
+    assert {p.name for p in hydra.iterdir()} >= {"config.yaml", "hydra.yaml", "overrides.yaml"}
+    config = yaml.safe_load((hydra / "config.yaml").read_text())
+    assert config["data"]["storage_options"] == {"secret": "***", "key": "***", "token": "${oc.env:LLMDB_TEST_SECRET}"}, \
+        "values redacted, the environment reference kept (it holds no secret)"
+    assert "+data.storage_options.secret=***" in yaml.safe_load((hydra / "overrides.yaml").read_text())
 
 
 def test_remote_errors_name_the_url_redacted(s3: S3Server) -> None:
