@@ -239,7 +239,7 @@ def test_deferred_batches_through_worker_processes(mixed: tuple[Path, Path]) -> 
     crop = eval_transform(32)
     dataset = LMDBImageDataset(db, crop).set_decoding("auto", 36, defer_jpeg=True)
     reference = LMDBImageDataset(db, crop, decoder="pil")  # ImageFolder's decode: another library than the batched path's
-    loader = DataLoader(dataset, batch_size=5, num_workers=2, collate_fn=Collate(crop), multiprocessing_context="spawn")
+    loader = DataLoader(dataset, batch_size=5, num_workers=1, collate_fn=Collate(crop), multiprocessing_context="spawn")
     batches = [images.decode("cpu") if isinstance(images, DeferredImages) else images for images, _ in loader]
     got = torch.cat(batches)
     for i in range(len(dataset)):
