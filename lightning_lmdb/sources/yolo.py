@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -310,55 +311,86 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
         return _scan_remote(str(source), options)
     root, yaml, keys = _layout(source)
     names, names_raw = _names(root, yaml, keys)
-    classes_, index = boxcheck.given_classes(names, options, repr(str(yaml or root)))
+    splits = _split_folders(root, yaml, keys)
+    images = [(split, str(image)) for split, folder in splits for image in _images(folder)]
+    if not images:
+        raise SourceError(f"No images found in {str(root)!r}'s image folders: expected files ending in {', '.join(boxcheck.IMG_SUFFIXES)}.")
+    label_dirs = {root / "labels"} | {p.parent for p in (_label_path(folder / "x") for _, folder in splits) if p}
+    label_files = {str(p) for d in label_dirs if d.is_dir() for p in d.rglob("*.txt") if p.name != "classes.txt"}
+
+    def label_of(image: str) -> str | None:
+        label = _label_path(Path(image))
+        return None if label is None else str(label)
+
+    def read_label(label: str) -> bytes | None:
+        return Path(label).read_bytes() if os.path.isfile(label) else None
+
+    return _scan_images(root, str(root), str(yaml or root), names, names_raw, options, images, lambda path: _rel(Path(path), root),
+                        label_of, read_label, boxcheck.Images(), label_files)
+
+
+def _scan_images(root: Path | str, shown: str, named: str, names: list[str], names_raw: bytes, options: SourceOptions,
+                 images: list[tuple[str, str]], relative: Callable[[str], str], label_of: Callable[[str], str | None],
+                 read_label: Callable[[str], bytes | None], found: boxcheck.Images, label_files: set[str]) -> SourceScan:
+    """The scan of a YOLO dataset, local or under a prefix (:func:`scan` and :func:`_scan_remote` give it what differs).
+
+    Args:
+        root: The dataset's root (a folder, or a URL without its trailing ``/``).
+        shown: How errors name the root (a URL redacted).
+        named: The data.yaml, or the root: the scan's identity (and, redacted, how a class error names the dataset).
+        names: The class names; ``names_raw``: their bytes (in the digest).
+        names_raw: See ``names``.
+        options: The source options.
+        images: ``(split, path)`` of every image, in order.
+        relative: A path's name relative to the root.
+        label_of: An image's label file path, or ``None`` when the image is in no ``images`` folder.
+        read_label: A label file's bytes, or ``None`` when there is none.
+        found: The images' sizes and headers.
+        label_files: Every label file of the dataset (those no image claims are counted as unmatched).
+    """
+    classes_, index = boxcheck.given_classes(names, options, repr(urls.redact(named)))
     tally = boxcheck.BoxTally(clip=bool(options.clip_boxes))
     files: list[SourceFile] = []
     special: list[tuple[str, str]] = []
-    used: set[Path] = set()
+    used: set[str] = set()
     raws: list[bytes] = [names_raw]
-    splits = _split_folders(root, yaml, keys)
-    images = [(split, image) for split, folder in splits for image in _images(folder)]
-    if not images:
-        raise SourceError(f"No images found in {str(root)!r}'s image folders: expected files ending in {', '.join(boxcheck.IMG_SUFFIXES)}.")
     for split, image in images:
-        relpath = _rel(image, root)
-        label = _label_path(image)
+        relpath = relative(image)
+        label = label_of(image)
         if label is None:
             special.append((relpath, f"{relpath!r} is in no 'images' folder, so its label file cannot be found; put the images under "
                                      "images/ and their labels under labels/"))
             continue
-        size, mtime, problem = boxcheck.stat_image(str(image))
+        size, mtime, problem = found.stat(image)
         if problem is None:
             try:
-                width, height, orientation = boxcheck.image_header(str(image))
+                width, height, orientation = found.header(image)
             except OSError as exc:
                 problem = f"{relpath!r} {exc}"
         origin = ""
         target: Boxes | None = Boxes(image_size=(height, width)) if problem is None else None
-        if problem is None and label.is_file():
+        raw = read_label(label) if problem is None else None
+        if raw is not None:
             used.add(label)
-            origin = _rel(label, root)
-            raw = label.read_bytes()
+            origin = relative(label)
             raws.append(origin.encode() + b"\0" + raw)
             target, problem = _parse(raw, origin, width, height, len(names), index, tally)
         if problem is not None:
             special.append((relpath, problem))
             continue
         tally.orientation(relpath, orientation)
-        files.append(SourceFile(str(image), relpath, target, size, mtime, split, origin))  # type: ignore[arg-type]
-    label_dirs = {root / "labels"} | {p.parent for p in (_label_path(folder / "x") for _, folder in splits) if p}
-    label_files = {p for d in label_dirs if d.is_dir() for p in d.rglob("*.txt") if p.name != "classes.txt"}
+        files.append(SourceFile(image, relpath, target, size, mtime, split, origin, etag=found.etag(image)))  # type: ignore[arg-type]
     unmatched = len(label_files - used)
     if label_files and not used:
-        shown = ", ".join(_rel(p, root) for p in sorted(label_files)[:3])
-        raise SourceError(f"None of the {len(label_files)} label files under {str(root)!r} ({shown}, ...) belongs to an image: an image "
+        listed = ", ".join(relative(p) for p in sorted(label_files)[:3])
+        raise SourceError(f"None of the {len(label_files)} label files under {shown!r} ({listed}, ...) belongs to an image: an image "
                           "images/<dir>/<name>.<ext> has its label at labels/<dir>/<name>.txt. Fix the folder or file names (a typo "
                           "would make every image one without boxes).")
-    identity = json.dumps({"yolo": str(yaml or root), "digest": boxcheck.digest(raws), "classes": classes_,
+    identity = json.dumps({"yolo": named, "digest": boxcheck.digest(raws), "classes": classes_,
                            "clip": bool(options.clip_boxes)}, sort_keys=True, ensure_ascii=False)
-    return SourceScan(root=root, classes=classes_, class_to_idx={c: k for k, c in enumerate(classes_)}, files=files, special=special,
-                      target_kind="boxes", identity=identity, target_meta=tally.meta(format="yolo", unmatched_labels=unmatched))
-
+    return SourceScan(root=root, classes=classes_, class_to_idx={c: k for k, c in enumerate(classes_)}, files=files,  # type: ignore[arg-type]
+                      special=special, target_kind="boxes", identity=identity,
+                      target_meta=tally.meta(format="yolo", unmatched_labels=unmatched))
 
 # --- under a prefix of object storage (lightning_lmdb.sources.objectstore): the same layout, from one listing ---------------
 
@@ -469,13 +501,8 @@ def _scan_remote(source: str, options: SourceOptions) -> SourceScan:
     from lightning_lmdb.sources import objectstore
 
     remote = _remote_layout(source)
-    root, shown = remote.root, urls.redact(remote.yaml or remote.root)
+    root = remote.root
     names, names_raw = _remote_names(remote)
-    classes_, index = boxcheck.given_classes(names, options, repr(shown))
-    tally = boxcheck.BoxTally(clip=bool(options.clip_boxes))
-    files: list[SourceFile] = []
-    special: list[tuple[str, str]] = []
-    raws: list[bytes] = [names_raw]
     splits = _remote_splits(remote)
     images = [(split, image) for split, folder in splits for image in _remote_images(remote, folder)]
     if not images:
@@ -485,49 +512,12 @@ def _scan_remote(source: str, options: SourceOptions) -> SourceScan:
     wanted = [label for label in dict.fromkeys(label_of.values()) if label is not None and label in remote.listed]
     fetched = dict(zip(wanted, objects.read_many([(u, remote.listed[u].etag or None, None, None) for u in wanted]), strict=True))
     found = boxcheck.Images(remote.listed, (image for image, label in label_of.items() if label is not None))
-    used: set[str] = set()
-    for split, image in images:
-        relpath = urls.relative(image, root)
-        label = label_of[image]
-        if label is None:
-            special.append((relpath, f"{relpath!r} is in no 'images' folder, so its label file cannot be found; put the images under "
-                                     "images/ and their labels under labels/"))
-            continue
-        size, mtime, problem = found.stat(image)
-        if problem is None:
-            try:
-                width, height, orientation = found.header(image)
-            except OSError as exc:
-                problem = f"{relpath!r} {exc}"
-        origin = ""
-        target: Boxes | None = Boxes(image_size=(height, width)) if problem is None else None
-        if problem is None and label in fetched:
-            used.add(label)
-            origin = urls.relative(label, root)
-            raw = fetched[label]
-            raws.append(origin.encode() + b"\0" + raw)
-            target, problem = _parse(raw, origin, width, height, len(names), index, tally)
-        if problem is not None:
-            special.append((relpath, problem))
-            continue
-        tally.orientation(relpath, orientation)
-        files.append(SourceFile(image, relpath, target, size, mtime, split, origin, etag=found.etag(image)))  # type: ignore[arg-type]
     label_dirs = {urls.join(root, "labels")} | {urls.parent(p) for p in (_remote_label(urls.join(folder, "x")) for _, folder in splits)
                                                 if p}
     label_files = {u for d in label_dirs for u in objectstore.under(remote.listed, d)
                    if u.endswith(".txt") and urls.name(u) != "classes.txt"}
-    unmatched = len(label_files - used)
-    if label_files and not used:
-        listed = ", ".join(urls.relative(u, root) for u in sorted(label_files)[:3])
-        raise SourceError(f"None of the {len(label_files)} label files under {urls.redact(root)!r} ({listed}, ...) belongs to an image: an "
-                          "image images/<dir>/<name>.<ext> has its label at labels/<dir>/<name>.txt. Fix the folder or file names (a "
-                          "typo would make every image one without boxes).")
-    identity = json.dumps({"yolo": remote.yaml or root, "digest": boxcheck.digest(raws), "classes": classes_,
-                           "clip": bool(options.clip_boxes)}, sort_keys=True, ensure_ascii=False)
-    return SourceScan(root=root, classes=classes_, class_to_idx={c: k for k, c in enumerate(classes_)}, files=files,  # type: ignore[arg-type]
-                      special=special, target_kind="boxes", identity=identity,
-                      target_meta=tally.meta(format="yolo", unmatched_labels=unmatched))
-
+    return _scan_images(root, urls.redact(root), remote.yaml or root, names, names_raw, options, images,
+                        lambda url: urls.relative(url, root), label_of.__getitem__, fetched.get, found, label_files)
 
 def _rel(path: Path, root: Path) -> str:
     try:
