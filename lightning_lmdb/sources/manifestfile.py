@@ -46,13 +46,19 @@ class Table:
 def read_table(manifest: Path) -> Table:
     """The table of the manifest file ``manifest`` (``.csv`` / ``.tsv``: CSV, else JSON Lines); a URL is read in one GET."""
     if is_remote(manifest):
-        return _read_remote(str(manifest))
-    data = manifest.read_bytes()
+        from lightning_lmdb.remote import objects
+
+        url = str(manifest)
+        data, shown = objects.read(url), redact(url)
+        manifest = _Named(url.split("://", 1)[1])
+        manifest.shown = shown  # type: ignore[attr-defined]
+    else:
+        data, shown = manifest.read_bytes(), str(manifest)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = exc.object.count(b"\n", 0, exc.start) + 1
-        raise SourceError(f"{str(manifest)!r} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
+        raise SourceError(f"{shown!r} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
                           "save the manifest as UTF-8.") from None
     return (_read_csv if manifest.suffix.lower() in (".csv", ".tsv") else _read_jsonl)(manifest, text)
 
@@ -62,21 +68,6 @@ class _Named(PurePosixPath):
 
     def __str__(self) -> str:
         return self.shown  # type: ignore[attr-defined]
-
-
-def _read_remote(url: str) -> Table:
-    from lightning_lmdb.remote import objects
-
-    data = objects.read(url)
-    named = _Named(url.split("://", 1)[1])
-    named.shown = redact(url)  # type: ignore[attr-defined]
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = exc.object.count(b"\n", 0, exc.start) + 1
-        raise SourceError(f"{redact(url)!r} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
-                          "save the manifest as UTF-8.") from None
-    return (_read_csv if named.suffix.lower() in (".csv", ".tsv") else _read_jsonl)(named, text)  # type: ignore[arg-type]
 
 
 def _read_csv(manifest: Path, text: str) -> Table:
