@@ -167,11 +167,7 @@ async def _get_s3(filesystem: Any, url: str, etag: str | None, start: int | None
                 body.close()
         except (FileNotFoundError, PermissionError) as exc:
             raise _translated(exc, url, "read", etag) from exc
-        except OSError as exc:
-            if _precondition_failed(exc):
-                raise _translated(exc, url, "read", etag) from exc
-            last = exc
-        except Exception as exc:  # noqa: BLE001 -- aiohttp's payload and timeout errors are not OSErrors
+        except Exception as exc:  # noqa: BLE001 -- OSErrors, and aiohttp's payload and timeout errors, which are not
             if _precondition_failed(exc) or "NoCredentialsError" in type(exc).__name__:  # no retry helps either
                 raise _translated(exc, url, "read", etag) from exc
             last = exc
@@ -295,9 +291,7 @@ def _multipart(path: str, url: str, size: int, state: str | None, on_part: Calla
                 listed = sync(filesystem.loop, filesystem._call_s3, "list_parts", Bucket=bucket, Key=key, UploadId=upload_id)
                 done = {int(part["PartNumber"]): _etag(part["ETag"]) for part in listed.get("Parts", [])
                         if int(part["Size"]) == min(step, size - (int(part["PartNumber"]) - 1) * step)}
-        except (OSError, ValueError, KeyError, LightningLMDBError):
-            upload_id, done = None, {}
-        except Exception:  # noqa: BLE001 -- NoSuchUpload (expired or aborted): start over
+        except Exception:  # noqa: BLE001 -- an unreadable state, or NoSuchUpload (expired or aborted): start over
             upload_id, done = None, {}
     if upload_id is None:
         created = sync(filesystem.loop, filesystem._call_s3, "create_multipart_upload", Bucket=bucket, Key=key)
