@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -82,12 +83,16 @@ def s3() -> Iterator[S3Server]:
         yield server
 
 
+_AGENT = re.compile(rb"(?im)^user-agent: *([^/ \r\n]+)")
+
+
 class FaultProxy:
     """A TCP proxy in front of the S3 server that drops or stalls connections when told to (a hook, never a timer).
 
     ``fail("drop" | "stall", direction="down" | "up", times=N, after=BYTES)``: the next ``N`` connections that carry more than
     ``after`` bytes in ``direction`` (``down``: responses, ``up``: uploads) are cut there -- closed (``drop``) or held open
-    with no byte more (``stall``) until :meth:`close`. ``faults`` counts those done.
+    with no byte more (``stall``) until :meth:`close`. ``faults`` counts those done; ``agents`` holds the client libraries
+    seen (the ``User-Agent`` headers' first word: which client made the requests).
     """
 
     def __init__(self, upstream: str) -> None:
@@ -98,6 +103,7 @@ class FaultProxy:
         self._plan: tuple[str, str, int, int] = ("", "", 0, 0)
         self._closed = threading.Event()
         self.faults = 0
+        self.agents: set[str] = set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def fail(self, kind: str, *, direction: str = "down", times: int = 1, after: int = 64 << 10) -> None:
@@ -131,6 +137,8 @@ class FaultProxy:
                 if not data:
                     break
                 count += len(data)
+                if direction == "up":
+                    self.agents.update(agent.decode(errors="replace") for agent in _AGENT.findall(data))
                 fault = self._take(direction, count)
                 if fault == "stall":
                     self._closed.wait()

@@ -34,8 +34,8 @@ from typing import Any
 from lightning_lmdb.codec.decoders import decode_pil
 from lightning_lmdb.codec.storage import DEFAULT_MAX_PIXELS, ImageDecodeError, encode_record, storage_mode
 from lightning_lmdb.errors import RemoteError, RemoteNotFoundError, SourceError
+from lightning_lmdb.remote import fastget, objects
 from lightning_lmdb.remote import fs as remote_fs
-from lightning_lmdb.remote import objects
 from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.sources import masks
@@ -270,6 +270,7 @@ def _start_reader(dataset: Any = None, shared: str | None = None, storage: dict[
     keep_freed_memory()
     _dataset, _shared = dataset, shared
     remote_fs.adopt(storage)
+    fastget.allow()  # a reader forks nothing: its GETs may go through obstore
 
 
 #: ``mallopt`` settings of :func:`keep_freed_memory`: ``M_MMAP_THRESHOLD`` (glibc's largest), ``M_TRIM_THRESHOLD``, ``M_TOP_PAD``.

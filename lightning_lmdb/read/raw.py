@@ -25,6 +25,7 @@ from lightning_lmdb.errors import BuildError, LightningLMDBError, SourceError
 from lightning_lmdb.read.batchdecode import Deferred
 from lightning_lmdb.read.dataset import ImageDatasetBase, WithMask, ignore_index_of, stored_targets
 from lightning_lmdb.read.decoding import check_decoding
+from lightning_lmdb.remote import fastget
 from lightning_lmdb.remote import fs as remote_fs
 from lightning_lmdb.remote.urls import is_remote
 from lightning_lmdb.sources import dataset as datasource
@@ -153,9 +154,11 @@ class RawImageDataset(ImageDatasetBase):
         self._adopted = os.getpid()
 
     def _adopt(self) -> None:
-        """In a process other than the one that made this dataset (a spawned worker): take its object-storage options."""
-        if getattr(self, "_remote_options", None) and self._adopted != os.getpid():
+        """In a process other than the one that made this dataset (a DataLoader worker): take its object-storage options,
+        and let its GETs go through ``obstore`` (:func:`lightning_lmdb.remote.fastget.allow`: a worker forks nothing)."""
+        if self._adopted != os.getpid():
             remote_fs.adopt(self._remote_options)
+            fastget.allow()
             self._adopted = os.getpid()
 
     def _join(self, relpath: str) -> str:

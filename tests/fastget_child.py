@@ -1,0 +1,98 @@
+"""Run by tests/test_fastget.py in a fresh interpreter (``obstore``'s runtime must not start in the test process, whose later
+tests fork): the GETs of an allowed process through ``obstore``, their errors, retries and stalls, and a fork after it.
+
+Usage: ``python fastget_child.py ENDPOINT``; prints ``OK`` when every check held.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import boto3
+from s3kit import KEY, SECRET, FaultProxy, running_server
+
+from lightning_lmdb.errors import RemoteAccessError, RemoteChangedError, RemoteError, RemoteNotFoundError
+from lightning_lmdb.remote import fastget, fs, objects
+
+endpoint = sys.argv[1]
+options = {"endpoint_url": endpoint, "key": KEY, "secret": SECRET}
+client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name="us-east-1")
+name = f"fastget-{os.getpid()}"
+client.create_bucket(Bucket=name)
+bodies = {f"k/{i}.bin": os.urandom(1000 + i) for i in range(5)}
+bodies["k/big.bin"] = os.urandom(1 << 20)
+for key, body in bodies.items():
+    client.put_object(Bucket=name, Key=key, Body=body)
+bucket = f"s3://{name}"
+fs.use_options(bucket, options)
+listed = {item.url: item for item in objects.list_objects(f"{bucket}/k")}
+
+# not allowed: s3fs; allowed: obstore, the same bytes, in order, ETags as preconditions, ranges too
+assert fastget.store_for(f"{bucket}/k/0.bin") is None
+fastget.allow()
+assert fastget.store_for(f"{bucket}/k/0.bin") is not None
+requests = [(url, item.etag, None, None) for url, item in listed.items()]
+assert objects.read_many(requests, concurrency=3) == [bodies[url.split("/", 3)[3]] for url in listed]
+assert objects.read(f"{bucket}/k/big.bin", start=10, end=20) == bodies["k/big.bin"][10:20]
+assert objects.read(f"{bucket}/k/big.bin", start=(1 << 20) - 5) == bodies["k/big.bin"][-5:]
+
+# errors: one line naming the URL, as on the s3fs path
+for url, error, text in ((f"{bucket}/k/missing.bin", RemoteNotFoundError, "no such object"),
+                         (f"s3://no-such-bucket-{os.getpid()}/a.bin", RemoteNotFoundError, "no such bucket")):
+    fs.use_options(url, options)
+    assert fastget.store_for(url) is not None
+    try:
+        objects.read(url)
+        raise AssertionError(f"{url} was read")
+    except error as exc:
+        assert text in str(exc) and url in str(exc) and "\n" not in str(exc), exc
+client.put_object(Bucket=name, Key="k/0.bin", Body=b"changed")
+try:
+    objects.read(f"{bucket}/k/0.bin", etag=listed[f"{bucket}/k/0.bin"].etag)
+    raise AssertionError("a changed object was read")
+except RemoteChangedError as exc:
+    assert "changed since it was listed" in str(exc), exc
+
+# a dropped or stalled response is fetched again (3 tries, 1 s without a byte); one that keeps dropping fails in one line
+fs.RETRIES, fs.STALL_SECONDS = 3, 1.0
+proxy = FaultProxy(endpoint)
+fs.use_options(bucket, {**options, "endpoint_url": proxy.endpoint})
+big = f"{bucket}/k/big.bin"
+proxy.fail("drop", times=2)
+assert objects.read(big, etag=listed[big].etag) == bodies["k/big.bin"] and proxy.faults == 2
+proxy.fail("stall", times=1)
+assert objects.read(big) == bodies["k/big.bin"] and proxy.faults == 1
+proxy.fail("drop", times=100)
+try:
+    objects.read(big)
+    raise AssertionError("read through a connection that always drops")
+except RemoteError as exc:
+    assert "reading it failed 3 times" in str(exc) and "\n" not in str(exc) and SECRET not in str(exc), exc
+assert proxy.faults == 3 and proxy.agents == {"object_store"}, (proxy.faults, proxy.agents)
+proxy.fail("", times=0)
+
+# wrong credentials, on a server that checks them
+with running_server(INITIAL_NO_AUTH_ACTION_COUNT="2") as server:
+    server.client.create_bucket(Bucket="checked")
+    server.client.put_object(Bucket="checked", Key="a.bin", Body=b"x")
+    fs.use_options("s3://checked", {"endpoint_url": server.endpoint, "key": "AKIAWRONGKEY00000000", "secret": "wr0ng-secret"})
+    try:
+        objects.read_many([("s3://checked/a.bin", None, None, None)] * 2)
+        raise AssertionError("read with wrong credentials")
+    except RemoteAccessError as exc:
+        assert "access denied" in str(exc) and "wr0ng-secret" not in str(exc), exc
+
+# a child forked after obstore ran here does not use it (its runtime's threads are not forked: it would hang), even allowed
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)
+    fastget.allow()
+    fs.use_options(bucket, options)
+    ok = fastget.store_for(big) is None and objects.read(big) == bodies["k/big.bin"]
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, f"the forked child: {os.waitstatus_to_exitcode(status)}"
+proxy.close()
+print("OK")
