@@ -17,9 +17,11 @@ Parts (each prints a markdown table):
 - ``stage``: a database of about ``--db-mb`` MB (generated JPEGs stored as decoded pixels) published with
   ``lightning_lmdb.tools.publish.push``, then downloaded with ``lightning_lmdb.tools.staging.stage_remote``, MB/s; against
   copying the same file on local disk, its pages evicted first (cold) and cached (warm).
-- ``build``: ``--count`` small JPEGs (32-64 px) built with ``build_lmdb`` and ``--workers`` readers from the local folder,
-  then from an ``s3://`` prefix holding the same files at each ``--concurrency`` (``remote.objects.FETCH_CONCURRENCY``:
-  objects fetched at once), images/s.
+- ``build``: ``--count`` JPEGs (``--images``: ImageNet-like, 256-500 px, or small, 32-64 px) built with ``build_lmdb`` and
+  ``--workers`` readers from the local folder, then from an ``s3://`` prefix holding the same files at each ``--concurrency``
+  (``remote.objects.FETCH_CONCURRENCY``: objects fetched at once), images/s; with the CPU per image of the build and of
+  the server + proxy apart, and the rate the build's own CPU allows on this machine's cores (what it could reach with the
+  server elsewhere, as S3 is).
 - ``epoch``: one training epoch (``--workers`` loader workers, 32 px crops) of ``backend="raw"`` reading the objects (one
   GET per sample) vs the database published on S3 and staged to local disk by ``prepare_data`` (its staging timed apart),
   images/s.
@@ -58,7 +60,9 @@ KEY, SECRET = "AKIABENCHS3LOCAL0001", "bench-s3-local-secret"
 
 _SERVER = """
 import sys
+from moto.moto_server.werkzeug_app import MotoRequestHandler
 from moto.server import ThreadedMotoServer
+MotoRequestHandler.protocol_version = "HTTP/1.1"  # keep-alive, as S3: werkzeug's default closes each connection
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 print(server._server.server_port, flush=True)
@@ -135,6 +139,12 @@ class Endpoints:
     proxied: str
     latency_ms: float
     server_pid: int = 0
+    proxy_pid: int = 0
+
+    @property
+    def pids(self) -> list[int]:
+        """The server's and the proxy's processes (their CPU is the server side's)."""
+        return [pid for pid in (self.server_pid, self.proxy_pid) if pid]
 
     def options(self, *, proxied: bool = True) -> dict[str, Any]:
         """The ``storage_options`` that reach the server (through the proxy by default)."""
@@ -168,7 +178,7 @@ def s3_behind_proxy(latency_ms: float) -> Iterator[Endpoints]:
     proxy = None
     try:
         proxy, proxy_port = _child([str(HERE), "--proxy", str(port), str(latency_ms)])
-        yield Endpoints(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxy_port}", latency_ms, server.pid)
+        yield Endpoints(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxy_port}", latency_ms, server.pid, proxy.pid)
     finally:
         if proxy is not None:
             proxy.kill()
@@ -287,39 +297,61 @@ def part_stage(endpoints: Endpoints, work: Path, db_mb: int, rounds: int) -> str
                  ["how", "s (median)", "MB/s"], body)
 
 
-def part_build(endpoints: Endpoints, work: Path, count: int, workers: int, concurrencies: list[int]) -> tuple[str, str | None]:
-    """The build table, and the S3 prefix of the images (for ``epoch``; ``work/built.lmdb`` is their database)."""
-    from common import make_jpeg_folder
+def _cpu_now(pids: list[int]) -> tuple[float, float]:
+    """``(this process and its reaped children, the processes pids)`` CPU seconds so far."""
+    import resource
+
+    mine = sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return mine, sum(_process_cpu(pid) for pid in pids)
+
+
+def part_build(endpoints: Endpoints, work: Path, count: int, workers: int, concurrencies: list[int],
+               images: str = "photos") -> tuple[str, str | None]:
+    """The build table, and the S3 prefix of the images (for ``epoch``; ``work/built.lmdb`` is their database).
+
+    Each row also gives the CPU the build used per image (this process, its writer, and its reader processes) and the CPU
+    the server and the proxy used per image: on real S3 the server's share is not on this machine, so the build's own CPU,
+    spread on this machine's cores, bounds what it could reach there (the "client-bound" columns).
+    """
+    from common import make_jpeg_folder, make_photo_folder
 
     from lightning_lmdb import build_lmdb
     from lightning_lmdb.remote import fs
 
-    source = make_jpeg_folder(work / f"small_{count}", count, min_side=32, max_side=64)
+    if images == "photos":
+        source, what = make_photo_folder(work / f"photos_{count}", count), "ImageNet-like JPEGs (256-500 px)"
+    else:
+        source, what = make_jpeg_folder(work / f"small_{count}", count, min_side=32, max_side=64), "small JPEGs (32-64 px)"
     bucket = make_bucket(endpoints, "build")
-    prefix = f"{bucket}/small"
+    prefix = f"{bucket}/{images}"
     upload_folder(endpoints, source, prefix)
     fs.use_options(bucket, endpoints.options())
-    rows = []
+    cores = len(os.sched_getaffinity(0))
+    rows: list[list[Any]] = []
     target = work / "built.lmdb"
-    shutil.rmtree(target, ignore_errors=True)
-    started = time.perf_counter()
-    build_lmdb(source, target, workers=workers, overwrite=True)
-    seconds = time.perf_counter() - started
-    rows.append(["local folder", "-", f"{seconds:.2f}", f"{count / seconds:.0f}"])
-    for concurrency in concurrencies:
-        set_fetch_concurrency(concurrency)
+    local_rate = local_bound = 0.0
+    for label, concurrency in [("local folder", None)] + [(prefix, c) for c in concurrencies]:
         shutil.rmtree(target, ignore_errors=True)
+        if concurrency is not None:
+            set_fetch_concurrency(concurrency)
+        mine, theirs = _cpu_now(endpoints.pids)
         started = time.perf_counter()
-        try:
-            build_lmdb(prefix, target, workers=workers, overwrite=True)
-        except (FileNotFoundError, ValueError, NotImplementedError, OSError) as exc:
-            rows.append([f"{prefix}", concurrency, "-", f"skipped: building from S3 is not available here ({type(exc).__name__})"])
-            break
+        build_lmdb(source if concurrency is None else prefix, target, workers=workers, overwrite=True)
         seconds = time.perf_counter() - started
-        rows.append([prefix, concurrency, f"{seconds:.2f}", f"{count / seconds:.0f}"])
+        spent, served = _cpu_now(endpoints.pids)
+        per_image, server_per_image = (spent - mine) / count, (served - theirs) / count
+        rate, bound = count / seconds, cores / per_image
+        if concurrency is None:
+            local_rate, local_bound = rate, bound
+        rows.append([label, "-" if concurrency is None else concurrency, f"{seconds:.2f}", f"{rate:,.0f}", f"{rate / local_rate:.2f}",
+                     f"{per_image * 1e3:.2f}", f"{server_per_image * 1e3:.2f}" if concurrency is not None else "-",
+                     f"{bound:,.0f}", f"{bound / local_bound:.2f}"])
     set_fetch_concurrency(32)
-    title = f"Building {count:,} JPEGs (32-64 px), {workers} readers, {endpoints.latency_ms:g} ms per request"
-    return table(title, ["source", "FETCH_CONCURRENCY", "s", "images/s"], rows), prefix
+    title = f"Building {count:,} {what}, {workers} readers, {endpoints.latency_ms:g} ms per request, {cores} cores"
+    header = ["source", "FETCH_CONCURRENCY", "s", "images/s", "x local", "build ms CPU/image", "server + proxy ms CPU/image",
+              "client-bound images/s (cores / build CPU)", "client-bound x local"]
+    return table(title, header, rows), prefix
 
 
 def _epoch(train_dir: str, work: Path, workers: int, **kwargs: Any) -> tuple[float, float, int]:
@@ -379,10 +411,12 @@ def _process_cpu(pid: int) -> float:
 
 def part_server(endpoints: Endpoints, count: int) -> str:
     """What one GET of a small object costs moto's server and this client, in CPU, straight to the server (no proxy): the
-    server's cost bounds what any build from it can reach on this machine, whatever the client does."""
+    server's cost bounds what any build from it can reach on this machine, whatever the client does. Both clients:
+    ``s3fs`` (what this process, which forks, uses) and ``obstore`` (what a build's readers and the raw backend's workers
+    use, ``remote.fastget``), measured last: once ``obstore`` ran here, a child forked from this process would keep ``s3fs``."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lightning_lmdb.remote import fs, objects
+    from lightning_lmdb.remote import fastget, fs, objects
 
     bucket = make_bucket(endpoints, "server-cost")
     client, body = endpoints.client(), os.urandom(4096)
@@ -391,14 +425,17 @@ def part_server(endpoints: Endpoints, count: int) -> str:
     fs.use_options(bucket, endpoints.options(proxied=False))
     listed = objects.list_objects(f"{bucket}/o")
     rows = []
-    for concurrency in (1, 8, 32):
-        server, mine, started = _process_cpu(endpoints.server_pid), time.process_time(), time.perf_counter()
-        objects.read_many([(item.url, item.etag, None, None) for item in listed], concurrency=concurrency)
-        wall = time.perf_counter() - started
-        server, mine = _process_cpu(endpoints.server_pid) - server, time.process_time() - mine
-        rows.append([concurrency, f"{count / wall:.0f}", f"{server / count * 1e3:.2f}", f"{mine / count * 1e3:.2f}"])
+    for name in ("s3fs (aiobotocore)", "obstore"):
+        if name == "obstore":
+            fastget.allow()
+        for concurrency in (1, 8, 32):
+            server, mine, started = _process_cpu(endpoints.server_pid), time.process_time(), time.perf_counter()
+            objects.read_many([(item.url, item.etag, None, None) for item in listed], concurrency=concurrency)
+            wall = time.perf_counter() - started
+            server, mine = _process_cpu(endpoints.server_pid) - server, time.process_time() - mine
+            rows.append([name, concurrency, f"{count / wall:.0f}", f"{server / count * 1e3:.2f}", f"{mine / count * 1e3:.2f}"])
     return table(f"One GET of a 4 KB object ({count:,} objects, If-Match, straight to moto's server), CPU per GET",
-                 ["concurrency", "GETs/s", "server ms CPU/GET", "client ms CPU/GET"], rows)
+                 ["client", "concurrency", "GETs/s", "server ms CPU/GET", "client ms CPU/GET"], rows)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -413,6 +450,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added to every HTTP request by the proxy")
     parser.add_argument("--concurrency", default="1,4,16,32", help="FETCH_CONCURRENCY values of the S3 builds")
     parser.add_argument("--workers", type=int, default=2, help="build readers and loader workers")
+    parser.add_argument("--images", choices=["photos", "small"], default="photos",
+                        help="the build's images: ImageNet-like JPEGs (256-500 px) or small ones (32-64 px)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the stage part (median)")
     parser.add_argument("--work", type=Path, default=None, help="where generated data goes (default: a temporary folder)")
     args = parser.parse_args(argv)
@@ -429,7 +468,8 @@ def main(argv: list[str] | None = None) -> None:
         if "stage" in parts:
             print(part_stage(endpoints, work, args.db_mb, args.rounds) + "\n", flush=True)
         if "build" in parts or "epoch" in parts:
-            built, prefix = part_build(endpoints, work, args.count, args.workers, concurrencies if "build" in parts else [32])
+            built, prefix = part_build(endpoints, work, args.count, args.workers, concurrencies if "build" in parts else [32],
+                                       args.images)
             if "build" in parts:
                 print(built + "\n", flush=True)
         if "epoch" in parts:  # the objects and the local database of part build
