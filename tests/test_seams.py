@@ -346,8 +346,8 @@ def test_an_unknown_target_kind_is_refused_naming_it_the_kinds_and_how_to_regist
 
 
 def _train_points(tmp_path: Path, context: str | None) -> list[list[int]]:
-    """Trains ``ToyCNN`` on the points database a few steps (``context``: its loader workers' start method); the number of
-    points of each image of each batch the model got."""
+    """Trains ``ToyCNN`` on the points database a few steps (``context``: its loader workers' start method; one persistent
+    worker serves both epochs: a spawned one starts once); the number of points of each image of each batch the model got."""
     import lightning.pytorch as pl
     import seamkit
 
@@ -364,7 +364,7 @@ def _train_points(tmp_path: Path, context: str | None) -> list[list[int]]:
 
     data = LMDBDataModule(train_dir=seamkit.PointImages(6), manifest={"target_kind": "keypoints", "version": 1}, val_fraction=0,
                           cache_dir=tmp_path / "cache", batch_size=3, num_workers=1 if context else 0, image_size=4,
-                          multiprocessing_context=context, shuffle=False, persistent_workers=False)
+                          multiprocessing_context=context, shuffle=False, persistent_workers=True)
     assert data.target_kind == "keypoints"
     model = Model(target_kind="keypoints", num_outputs=2, width=4)
     trainer = pl.Trainer(max_steps=4, max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
