@@ -393,7 +393,7 @@ def part_epoch(endpoints: Endpoints, work: Path, prefix: str, count: int, worker
     else:
         push = library("lightning_lmdb.tools.publish", "push")
         database = work / "built.lmdb"
-        url = f"{prefix.rsplit('/', 1)[0]}/small.lmdb"
+        url = f"{prefix}.lmdb"
         fs.use_options(url, options)
         push(database, url, progress=False)
         local = work / "node_local"
@@ -451,6 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added to every HTTP request by the proxy")
     parser.add_argument("--concurrency", default="1,4,16,32", help="FETCH_CONCURRENCY values of the S3 builds")
     parser.add_argument("--workers", type=int, default=2, help="build readers and loader workers")
+    parser.add_argument("--pin", action="store_true",
+                        help="the server and the proxy on the last core, this process (the builds, their readers) on the others: "
+                             "the build's CPU per image measured without the server on its cores")
     parser.add_argument("--images", choices=["photos", "small"], default="photos",
                         help="the build's images: ImageNet-like JPEGs (256-500 px) or small ones (32-64 px)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the stage part (median)")
@@ -466,6 +469,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"command: python benchmarks/{HERE.name} {shlex.join(argv)}\n", flush=True)
     concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     with s3_behind_proxy(args.latency_ms) as endpoints:
+        if args.pin:
+            cores = sorted(os.sched_getaffinity(0))
+            if len(cores) < 2:
+                parser.error("--pin needs 2 cores or more")
+            for pid in endpoints.pids:
+                for task in os.listdir(f"/proc/{pid}/task"):  # every thread of the server and the proxy
+                    os.sched_setaffinity(int(task), {cores[-1]})
+            os.sched_setaffinity(0, set(cores[:-1]))
+            print(f"pinned: server and proxy on core {cores[-1]}, the builds on {cores[:-1]}\n", flush=True)
         if "stage" in parts:
             print(part_stage(endpoints, work, args.db_mb, args.rounds) + "\n", flush=True)
         if "build" in parts or "epoch" in parts:

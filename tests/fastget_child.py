@@ -84,6 +84,19 @@ with running_server(INITIAL_NO_AUTH_ACTION_COUNT="2") as server:
     except RemoteAccessError as exc:
         assert "access denied" in str(exc) and "wr0ng-secret" not in str(exc), exc
 
+# a bucket that answers "wrong region" (a redirect S3 sends and moto never does: the classification is forced here) goes
+# back to s3fs for the rest of the process, which answers the request itself
+fs.use_options(bucket, options)
+assert fastget.store_for(big) is not None
+real_classify, fastget.classify = fastget.classify, lambda exc: "region"
+try:
+    objects.read(f"{bucket}/k/missing.bin")
+    raise AssertionError("a missing object was read")
+except RemoteNotFoundError as exc:
+    assert "no such object" in str(exc), exc
+fastget.classify = real_classify
+assert fastget.store_for(big) is None and objects.read(f"{bucket}/k/1.bin") == bodies["k/1.bin"]
+
 # a child forked after obstore ran here does not use it (its runtime's threads are not forked: it would hang), even allowed
 pid = os.fork()
 if pid == 0:

@@ -7,6 +7,8 @@
 * :mod:`~lightning_lmdb.remote.objects`: the object operations the library needs, each one request or a bounded series
   of retried ones: list a prefix (size and ETag, no per-object HEAD), read an object or a byte range of it with an ETag
   precondition (``If-Match``), write a small object only if absent (``If-None-Match: *``), upload a file in parts.
+* :mod:`~lightning_lmdb.remote.fastget`: the S3 ``GET`` s of the processes that fork nothing (a build's readers, the raw
+  backend's loader workers) through ``obstore``, a third of ``s3fs``'s CPU per request.
 
 S3 and S3-compatible servers (MinIO, Ceph) are what is tested, through ``s3fs``; other ``fsspec`` schemes (``gs://``,
 ``az://``) go through the same calls without the preconditions and are untested. A local path never reaches this layer:

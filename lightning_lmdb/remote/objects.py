@@ -161,8 +161,9 @@ def _gathered(results: list[bytes | BaseException]) -> list[bytes]:
     return results  # type: ignore[return-value]
 
 
-class _WrongRegion(Exception):
-    """``obstore`` signed for a region the bucket is not in: the GETs go through ``s3fs``, which finds it."""
+class _WrongRegion(RemoteError):
+    """``obstore`` signed for a region the bucket is not in: the GETs go through ``s3fs``, which finds it (never escapes
+    :func:`read_many`)."""
 
 
 async def _get_fast(store: Any, url: str, etag: str | None, start: int | None, end: int | None) -> bytes:
