@@ -140,8 +140,9 @@ def test_a_published_database_pushed_and_staged_saves_no_secret(tmp_path: Path, 
 
 
 def test_lightning_cli_config_redacted(tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    """LightningCLI's own SaveConfigCallback writes ``--data.storage_options`` into config.yaml as given;
-    ``RedactedSaveConfigCallback`` writes ``***``, and the rest of the run (checkpoint, hparams.yaml, events) holds none."""
+    """LightningCLI's own SaveConfigCallback would write ``--data.storage_options`` into config.yaml as given: the DataModule
+    redacts its config first (its setup runs before the callback's), so config.yaml holds ``***``; so does
+    ``RedactedSaveConfigCallback``'s; and the rest of the run (checkpoint, hparams.yaml, events) holds none."""
     source = make_jpegs(tmp_path / "src", 8, size=8)
     options = yaml.safe_dump(_options(s3), default_flow_style=True).strip()
 
@@ -155,15 +156,13 @@ def test_lightning_cli_config_redacted(tmp_path: Path, s3: S3Server, monkeypatch
         cli_run = LightningCLI(TinyClassifier, LMDBDataModule, **cli)
         assert cli_run.datamodule.storage_options == _options(s3), "the DataModule got the options"
 
-    fit(tmp_path / "plain")
-    assert [line.split(": ")[0].rpartition("/")[2] for line in files_holding(tmp_path / "plain", SECRET)] == ["config.yaml"], \
-        "Lightning's own callback saves them (why RedactedSaveConfigCallback exists)"
-    fit(tmp_path / "redacted", save_config_callback=secrets.RedactedSaveConfigCallback)
-    (config,) = (tmp_path / "redacted").rglob("config.yaml")
-    saved = yaml.safe_load(config.read_text())["data"]
-    assert saved["storage_options"] == {"key": "***", "secret": "***", "endpoint_url": "***"}
-    assert saved["train_dir"] == str(source), "the rest of the config as parsed"
-    assert list((tmp_path / "redacted").rglob("*.ckpt")) and files_holding(tmp_path / "redacted", SECRET, KEY) == []
+    for name, cli in (("plain", {}), ("redacted", {"save_config_callback": secrets.RedactedSaveConfigCallback})):
+        fit(tmp_path / name, **cli)
+        (config,) = (tmp_path / name).rglob("config.yaml")
+        saved = yaml.safe_load(config.read_text())["data"]
+        assert saved["storage_options"] == {"key": "***", "secret": "***", "endpoint_url": "***"}, name
+        assert saved["train_dir"] == str(source), "the rest of the config as parsed"
+        assert list((tmp_path / name).rglob("*.ckpt")) and files_holding(tmp_path / name, SECRET, KEY) == [], name
 
 
 def test_redaction_of_configs_overrides_and_text() -> None:

@@ -45,6 +45,7 @@ from lightning_lmdb.read import transforms
 from lightning_lmdb.read.dataset import ImageDatasetBase, LMDBImageDataset, available_memory
 from lightning_lmdb.read.sampler import ResumableDataLoader, Shuffle
 from lightning_lmdb.remote import fs as remote_fs
+from lightning_lmdb.remote.redaction import redacted_namespace
 from lightning_lmdb.remote.urls import is_remote, refuse_user_info
 from lightning_lmdb.sources.base import SourceOptions
 from lightning_lmdb.store import envs
@@ -373,6 +374,7 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
     def setup(self, stage: str | None = None) -> None:
         """Create the datasets ``stage`` needs (``fit``, ``validate``, ``test`` or ``predict``)."""
         silence_the_both_hooks_warning()
+        self._keep_secrets_out_of_saved_configs()
         self._backend.check_splits()  # a class the training split lacks is refused before anything is served
         self._backend.after_barrier()
         for split in (s for s, folder in self.sources.items() if folder is not None):  # mount first: not part of setup_s
@@ -380,6 +382,22 @@ class LMDBDataModule(TargetsMixin, LoadersMixin, DeviceBatchesMixin, pl.Lightnin
         with self._timed("setup_s"):
             self._create_datasets(stage)
             envs.close_all()  # the main process holds no environment once set up
+
+    def _keep_secrets_out_of_saved_configs(self) -> None:
+        """``LightningCLI``'s ``SaveConfigCallback`` writes the parsed arguments (``--data.storage_options`` included) to
+        ``config.yaml`` in its ``setup``, which the trainer calls after this DataModule's: with ``storage_options`` given,
+        its config's ``storage_options`` values become ``"***"`` first. This DataModule keeps the real ones; a run
+        resumed from that config takes the credentials from the environment (or ones passed again)."""
+        trainer = self.trainer
+        if not self.storage_options or trainer is None:
+            return
+        try:
+            from lightning.pytorch.cli import SaveConfigCallback
+        except ImportError:  # pragma: no cover -- ships with lightning
+            return
+        for callback in trainer.callbacks:
+            if isinstance(callback, SaveConfigCallback) and not callback.already_saved:
+                callback.config = redacted_namespace(callback.config)
 
     def _create_datasets(self, stage: str | None) -> None:
         fit = stage in (None, "fit")
