@@ -215,6 +215,31 @@ def test_cli_push_pull_round_trip(built: dict[str, Path], s3: S3Server, tmp_path
     assert err.count("\n") == 1 and "the upload did not finish" in err and SECRET not in err
 
 
+def test_cli_verify_of_a_url_checks_the_published_bytes_and_every_record(built: dict[str, Path], s3: S3Server, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_lmdb.tools.cli import main
+
+    url = s3.bucket("verify") + "/x.lmdb"
+    options = [f"--storage-option=endpoint_url={s3.endpoint}", f"--storage-option=key={KEY}", f"--storage-option=secret={SECRET}"]
+    assert main(["push", str(built["one"]), url, "--quiet", *options]) == 0
+    capsys.readouterr()
+    work = tmp_path / "work"
+    assert main(["verify", url, "--work-dir", str(work), *options]) == 0
+    out = capsys.readouterr().out
+    assert f"{url}: downloaded to a temporary copy" in out and "every block matched" in out and SECRET not in out
+    assert out.strip().endswith("OK") or " OK" in out.splitlines()[-1], out
+    assert list(work.iterdir()) == [], "the temporary copy is removed"
+    # a part replaced behind the marker's back (same size: only its bytes differ) is caught, naming it
+    marker = published.read_marker(url)
+    (part,) = marker.parts
+    data = bytearray(built["one"].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    s3.client.put_object(Bucket=url[5:].split("/")[0], Key=marker.part_url(part).split("/", 3)[3], Body=bytes(data))
+    assert main(["verify", url, "--work-dir", str(work), *options]) == 2
+    err = capsys.readouterr().err
+    assert "x.lmdb" in err and SECRET not in err and err.count("\n") == 1, err
+
+
 def test_build_to_s3_builds_in_work_dir_then_pushes(built: dict[str, Path], s3: S3Server, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning_lmdb.errors import DiskFullError

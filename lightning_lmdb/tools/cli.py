@@ -294,6 +294,31 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from lightning_lmdb.remote.urls import is_remote
+
+    if is_remote(args.target):
+        return _verify_remote(args)
+    return _verify_local(args)
+
+
+def _verify_remote(args: argparse.Namespace) -> int:
+    """``verify URL`` of a published database: staged to a temporary folder (every block checked against the marker's
+    SHA-256), every record of the copy checked, the copy removed."""
+    import tempfile
+
+    from lightning_lmdb.remote.urls import redact
+    from lightning_lmdb.tools.staging import stage_remote
+
+    if args.work_dir is not None:
+        os.makedirs(args.work_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lightning-lmdb-verify-", dir=args.work_dir) as folder:
+        staged = stage_remote(args.target, folder)
+        print(f"{redact(args.target)}: downloaded to a temporary copy ({staged.bytes_copied:,} bytes, every block matched the "
+              "digest the push recorded)")
+        return _verify_local(argparse.Namespace(**{**vars(args), "target": str(staged.path)}))
+
+
+def _verify_local(args: argparse.Namespace) -> int:
     from lightning_lmdb.tools.verify import verify_lmdb
 
     manifest = manifest_options(args)
@@ -443,13 +468,15 @@ def make_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_info)
 
     verify = sub.add_parser("verify", help="check every record (exit status 0 only when everything matches)")
-    verify.add_argument("target")
+    verify.add_argument("target", help="a database: a local path, or the URL of a published one (s3://...)")
     verify.add_argument("--source", default=None, help="compare with the source (a folder or a manifest) byte for byte")
     verify.add_argument(
         "--allow-skipped", action="store_true",
         help="with --source: accept source files that the build skipped as unreadable (they are still listed)",
     )
     verify.add_argument("--max-problems", type=int, default=50, help="problems to print")
+    verify.add_argument("--work-dir", default=None,
+                        help="for a database at a URL: where its temporary copy goes (default: the system's temporary folder)")
     _add_manifest_flags(verify)
     _add_storage_option(verify)
     verify.set_defaults(func=_verify)
