@@ -38,6 +38,24 @@ assert objects.read_many(requests, concurrency=3) == [bodies[url.split("/", 3)[3
 assert objects.read(f"{bucket}/k/big.bin", start=10, end=20) == bodies["k/big.bin"][10:20]
 assert objects.read(f"{bucket}/k/big.bin", start=(1 << 20) - 5) == bodies["k/big.bin"][-5:]
 
+# credentials from botocore's chain (here the environment) or none at all (anon: unsigned requests), as on the s3fs path
+os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
+client.put_object_acl(Bucket=name, Key="k/1.bin", ACL="public-read")
+for given in ({"endpoint_url": endpoint}, {"endpoint_url": endpoint, "anon": True}):
+    fs.use_options(bucket, given)
+    assert fastget.store_for(f"{bucket}/k/1.bin") is not None
+    assert objects.read_many([(f"{bucket}/k/1.bin", None, None, None)] * 2) == [bodies["k/1.bin"]] * 2, given
+try:
+    objects.read_many([(f"{bucket}/k/2.bin", None, None, None)] * 2)
+    raise AssertionError("an unsigned request read a private object")
+except RemoteAccessError as exc:
+    assert "access denied" in str(exc), exc
+del os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+fs.use_options(bucket, {"endpoint_url": endpoint})
+fastget._stores.clear()  # the store above holds the environment's credentials
+assert fastget.store_for(f"{bucket}/k/1.bin") is None, "no credentials anywhere: s3fs, which says so in one line"
+fs.use_options(bucket, options)
+
 # errors: one line naming the URL, as on the s3fs path
 for url, error, text in ((f"{bucket}/k/missing.bin", RemoteNotFoundError, "no such object"),
                          (f"s3://no-such-bucket-{os.getpid()}/a.bin", RemoteNotFoundError, "no such bucket")):
