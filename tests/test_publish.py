@@ -206,6 +206,8 @@ def test_cli_push_pull_round_trip(built: dict[str, Path], s3: S3Server, tmp_path
     assert main(["pull", url, str(tmp_path / "local" / "y.lmdb"), *options]) == 0
     out = capsys.readouterr()
     assert "pushed" in out.out and "copied" in out.out and SECRET not in out.out + out.err
+    size = built["one"].stat().st_size
+    assert f"pull {url}: {size / 1e6:,.0f} of {size / 1e6:,.0f} MB downloaded" in out.err, "the last progress line: all of it"
     assert (tmp_path / "local" / "y.lmdb").read_bytes() == built["one"].read_bytes()
     assert main(["info", url, *options]) == 0
     shown = capsys.readouterr().out

@@ -269,20 +269,22 @@ def _digests(file: Path, block_size: int, cache: Path) -> tuple[str, list[str]]:
     return etag, blocks
 
 
-class _Progress:
-    """Bytes uploaded, printed now and then to stderr when asked."""
+class ByteMeter:
+    """Bytes moved, printed to stderr at most every 2 s when asked (``push``: uploaded, ``pull``: downloaded)."""
 
-    def __init__(self, total: int, show: bool, url: str):
-        self.total, self.show, self.url, self.sent = total, show, url, 0
-        self._lock, self._shown = threading.Lock(), 0.0
+    def __init__(self, total: int, show: bool, label: str, verb: str, done: int = 0):
+        self.total, self.show, self.label, self.verb, self.done = total, show, label, verb, done
+        self._lock, self._shown, self._started, self._first = threading.Lock(), 0.0, time.monotonic(), done
 
     def add(self, nbytes: int) -> None:
         with self._lock:
-            self.sent += nbytes
+            self.done += nbytes
             now = time.monotonic()
-            if self.show and (now - self._shown > 2.0):
+            if self.show and (now - self._shown > 2.0 or self.done >= self.total):
                 self._shown = now
-                print(f"push {self.url}: {self.sent / 1e6:,.0f} MB uploaded", file=sys.stderr, flush=True)
+                rate = (self.done - self._first) / max(now - self._started, 1e-9) / 1e6
+                print(f"{self.label}: {self.done / 1e6:,.0f} of {self.total / 1e6:,.0f} MB {self.verb} ({rate:,.0f} MB/s)",
+                      file=sys.stderr, flush=True)
 
 
 def push(path: str | os.PathLike[str], url: str, *, progress: bool = True, block_size: int = DEFAULT_BLOCK_SIZE) -> PushReport:
@@ -330,7 +332,7 @@ def push(path: str | os.PathLike[str], url: str, *, progress: bool = True, block
     listed = {item.url: item for item in objects.list_objects(prefix)}
     todo = [(part, file) for part, (_, file) in zip(parts, files, strict=True)
             if (found := listed.get(marker.part_url(part))) is None or (found.size, found.etag) != (part.size, part.etag)]
-    meter = _Progress(sum(part.size for part, _ in todo), progress, shown)
+    meter = ByteMeter(sum(part.size for part, _ in todo), progress, f"push {shown}", "uploaded")
     resumed = [len(todo) < len(parts)]
 
     def send(part: PublishedPart, file: Path) -> None:
@@ -350,18 +352,18 @@ def push(path: str | os.PathLike[str], url: str, *, progress: bool = True, block
                 future.result()
     check_parts(marker)  # one listing: every part there, as uploaded
     if existing is not None:
-        return PushReport(shown, "resumed", build_id, meter.sent, len(parts), time.perf_counter() - started)
+        return PushReport(shown, "resumed", build_id, meter.done, len(parts), time.perf_counter() - started)
     try:
         objects.write(marker_url(url), marker.to_json(), if_absent=True)
     except RemoteExistsError:
         winner = _existing_marker(url)
         if winner is not None and winner.build_id == build_id:  # the same build, published by another process first
-            return PushReport(shown, "up-to-date", build_id, meter.sent, len(parts), time.perf_counter() - started)
+            return PushReport(shown, "up-to-date", build_id, meter.done, len(parts), time.perf_counter() - started)
         objects.delete(marker.part_url(part) for part in parts)
         raise _exists(url, winner.build_id if winner is not None else "(unreadable)", lost=True) from None
     shutil.rmtree(state / "uploads", ignore_errors=True)
     action = "resumed" if resumed[0] else "pushed"
-    return PushReport(shown, action, build_id, meter.sent, len(parts), time.perf_counter() - started)
+    return PushReport(shown, action, build_id, meter.done, len(parts), time.perf_counter() - started)
 
 
 def _existing_marker(url: str) -> Marker | None:

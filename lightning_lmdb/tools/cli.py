@@ -195,7 +195,7 @@ def _pull(args: argparse.Namespace) -> int:
     from lightning_lmdb.remote.urls import redact
     from lightning_lmdb.tools.publish import pull
 
-    report = pull(args.url, args.database)
+    report = pull(args.url, args.database, progress=not args.quiet)
     print(f"{report.path}: {report.action} from {redact(args.url)}, {report.bytes_copied:,} bytes downloaded, {report.seconds:.1f} s")
     return 0
 
@@ -312,7 +312,7 @@ def _verify_remote(args: argparse.Namespace) -> int:
     if args.work_dir is not None:
         os.makedirs(args.work_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="lightning-lmdb-verify-", dir=args.work_dir) as folder:
-        staged = stage_remote(args.target, folder)
+        staged = stage_remote(args.target, folder, progress=True)
         print(f"{redact(args.target)}: downloaded to a temporary copy ({staged.bytes_copied:,} bytes, every block matched the "
               "digest the push recorded)")
         return _verify_local(argparse.Namespace(**{**vars(args), "target": str(staged.path)}))
@@ -458,6 +458,7 @@ def make_parser() -> argparse.ArgumentParser:
     pull = sub.add_parser("pull", help="download the published database URL to the local database DB (checked, resumable)")
     pull.add_argument("url", metavar="URL")
     pull.add_argument("database", metavar="DB")
+    pull.add_argument("--quiet", action="store_true", help="no progress lines (the bytes downloaded and the rate, every 2 s)")
     _add_storage_option(pull)
     pull.set_defaults(func=_pull)
 

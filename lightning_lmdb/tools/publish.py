@@ -15,8 +15,9 @@ from lightning_lmdb.tools.staging import StageReport, stage_remote
 __all__ = ["PushReport", "StageReport", "open_published", "pull", "push"]
 
 
-def pull(url: str, path: str | os.PathLike[str]) -> StageReport:
+def pull(url: str, path: str | os.PathLike[str], *, progress: bool = False) -> StageReport:
     """Download the published database ``url`` to the local database ``path`` (a file, or a sharded folder), checked block by
-    block, resumable, skipped when current (:func:`~lightning_lmdb.tools.staging.stage_remote`)."""
+    block, resumable, skipped when current (:func:`~lightning_lmdb.tools.staging.stage_remote`); with ``progress``, the bytes
+    downloaded and the rate printed at most every 2 s (stderr)."""
     path = Path(path).expanduser().absolute()
-    return stage_remote(url, path.parent, name=path.name)
+    return stage_remote(url, path.parent, name=path.name, progress=progress)

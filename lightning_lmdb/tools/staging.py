@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -348,13 +349,14 @@ def remote_staged_path(url: str, local_dir: str | os.PathLike[str], name: str | 
     return Path(local_dir).expanduser() / (name or urls.name(url))
 
 
-def stage_remote(url: str, local_dir: str | os.PathLike[str], *, name: str | None = None) -> StageReport:
+def stage_remote(url: str, local_dir: str | os.PathLike[str], *, name: str | None = None, progress: bool = False) -> StageReport:
     """Download the published database ``url`` to ``local_dir`` (or keep the copy already there), checked block by block.
 
     Args:
         url: A database published with :func:`lightning_lmdb.store.published.push` (``s3://bucket/train.lmdb``).
         local_dir: A folder on the node's local disk (created if missing).
         name: The copy's name in ``local_dir`` (default: the URL's last part, ``train.lmdb``).
+        progress: Print the bytes downloaded (of the database's) and the rate, at most every 2 s (stderr).
 
     Returns:
         A :class:`StageReport` (``bytes_copied``: the bytes downloaded); its ``path`` is the copy to read.
@@ -368,12 +370,15 @@ def stage_remote(url: str, local_dir: str | os.PathLike[str], *, name: str | Non
     started = time.perf_counter()
     marker = published.open_published(url.rstrip("/"))
     target = remote_staged_path(marker.url, local_dir, name)
+    total = sum(part.size for part in marker.parts)
     if marker.layout == "file":
         part = marker.parts[0]
         target.parent.mkdir(parents=True, exist_ok=True)
         identity = _remote_identity(marker, part)
-        _require_space(target.parent, target.name, part.size, _local_bytes(target, identity))
-        copied, action = _stage_remote_file(marker, part, target)
+        have = _local_bytes(target, identity)
+        _require_space(target.parent, target.name, part.size, have)
+        meter = published.ByteMeter(total, progress, f"pull {urls.redact(marker.url)}", "downloaded", have)
+        copied, action = _stage_remote_file(marker, part, target, meter.add)
         return StageReport(target, action, copied, time.perf_counter() - started)
     target.mkdir(parents=True, exist_ok=True)
     shards = [part for part in marker.parts if part.path != database.MANIFEST_NAME]
@@ -382,9 +387,10 @@ def stage_remote(url: str, local_dir: str | os.PathLike[str], *, name: str | Non
         raise published.incomplete_error(marker.url, "a sharded database without one manifest part")
     have = sum(_local_bytes(target / part.path, _remote_identity(marker, part)) for part in shards)
     _require_space(target, target.name, sum(part.size for part in shards), have)
+    meter = published.ByteMeter(total, progress, f"pull {urls.redact(marker.url)}", "downloaded", have)
     copied, actions = 0, set()
     for part in shards:
-        done, action = _stage_remote_file(marker, part, target / part.path)
+        done, action = _stage_remote_file(marker, part, target / part.path, meter.add)
         copied += done
         actions.add(action)
     manifest = manifests[0]
@@ -410,8 +416,10 @@ def _remote_identity(marker: published.Marker, part: published.PublishedPart) ->
     return _RemoteIdentity(urls.redact(marker.part_url(part)), part.size, part.etag, marker.build_id)
 
 
-def _stage_remote_file(marker: published.Marker, part: published.PublishedPart, target: Path) -> tuple[int, str]:
-    """Download one part to ``target`` (resuming, checking each block); ``(bytes downloaded, action)``."""
+def _stage_remote_file(marker: published.Marker, part: published.PublishedPart, target: Path,
+                       on_block: Callable[[int], None]) -> tuple[int, str]:
+    """Download one part to ``target`` (resuming, checking each block, ``on_block(bytes)`` after each);
+    ``(bytes downloaded, action)``."""
     identity = _remote_identity(marker, part)
     with fmt.file_lock(target.with_name(target.name + ".staging.lock")):
         if _is_current(target, identity):
@@ -421,7 +429,7 @@ def _stage_remote_file(marker: published.Marker, part: published.PublishedPart, 
         digests = [d for d, want in zip(digests, part.blocks, strict=False) if d == want]  # a prefix the marker agrees with
         action = "resumed" if digests else "copied"
         try:
-            copied = _download(marker, part, partial, progress, identity, digests)
+            copied = _download(marker, part, partial, progress, identity, digests, on_block)
             _check(partial, progress, digests, part.block_size, urls.redact(marker.part_url(part)))  # type: ignore[arg-type]
             _finish(partial, target, _record(identity, part.block_size, digests))  # type: ignore[arg-type]
         except OSError as exc:
@@ -433,7 +441,7 @@ def _stage_remote_file(marker: published.Marker, part: published.PublishedPart, 
 
 
 def _download(marker: published.Marker, part: published.PublishedPart, partial: Path, progress: Path, identity: _RemoteIdentity,
-              digests: list[str]) -> int:
+              digests: list[str], on_block: Callable[[int], None]) -> int:
     """Append the part's blocks after the ``digests`` already done to ``partial``, each checked and recorded; the bytes fetched."""
     start = min(len(digests) * part.block_size, part.size)
     kill_after = int(os.environ.get(REMOTE_FAULT_ENV, "0") or 0)
@@ -460,6 +468,7 @@ def _download(marker: published.Marker, part: published.PublishedPart, partial: 
                 os.fsync(dst.fileno())
                 digests.append(part.blocks[index])
                 _write_record(progress, _record(identity, part.block_size, digests))  # type: ignore[arg-type]
+                on_block(len(data))
                 if kill_after and _count_downloaded() >= kill_after:
                     os._exit(17)
     return copied
