@@ -367,7 +367,7 @@ class LMDBBackend(ServingBackend):
         with self.hooks.timed("stage_s"):
             for database in served:
                 with writing_to(local, "local_cache_dir"):
-                    report = stage_remote(database, local) if isinstance(database, str) else stage(database, local)
+                    report = stage_remote(database, local, progress=True) if isinstance(database, str) else stage(database, local)
                 rank_zero_info(f"LMDBDataModule: {report.path} {report.action} ({report.bytes_copied / 1e6:.0f} MB in "
                                f"{report.seconds:.1f} s)")
 
