@@ -124,6 +124,81 @@ async def _serve_proxy(upstream_port: int, delay_ms: float, ready: Callable[[int
         await server.serve_forever()
 
 
+# --- a caching GET front (its own process; --fast-server) -----------------------------------------------------------
+
+
+async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[str, str, dict[str, str], bytes]:
+    """One HTTP/1.1 request: method, target, headers (lower-case names), body (after a ``100 Continue`` when asked)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:] if line)}
+    if headers.pop("expect", "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+    body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+    return method, target, headers, body
+
+
+def _response(status: int, reason: str, headers: dict[str, str], body: bytes) -> bytes:
+    lines = [f"HTTP/1.1 {status} {reason}", *(f"{name}: {value}" for name, value in headers.items()),
+             f"Content-Length: {len(body)}", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + body
+
+
+async def _serve_gets(upstream_port: int, ready: Callable[[int], None]) -> None:
+    """Answer ``GET /bucket/key`` of an object read once already from memory (``If-Match`` against its ETag, ``Range``);
+    send every other request to moto. What a server that costs this machine little looks like: S3's own CPU is elsewhere."""
+    import http.client
+
+    cache: dict[str, tuple[bytes, str]] = {}
+
+    def forward(method: str, target: str, headers: dict[str, str], body: bytes) -> tuple[int, str, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
+        sent = {name: value for name, value in headers.items() if name not in ("connection", "content-length")}
+        connection.request(method, target, body=body or None, headers=sent)
+        answer = connection.getresponse()
+        data = answer.read()
+        kept = {name: value for name, value in answer.getheaders()
+                if name.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date")}
+        connection.close()
+        return answer.status, answer.reason, kept, data
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                method, target, headers, body = await _read_request(reader, writer)
+                hit = cache.get(target) if method == "GET" and "?" not in target else None
+                if hit is not None:
+                    data, etag = hit
+                    if headers.get("if-match", etag).strip('"') != etag:
+                        writer.write(_response(412, "Precondition Failed", {}, b"<Error><Code>PreconditionFailed</Code></Error>"))
+                    elif "range" in headers:
+                        first, _, last = headers["range"].removeprefix("bytes=").partition("-")
+                        end = min(len(data), int(last) + 1) if last else len(data)
+                        writer.write(_response(206, "Partial Content", {"ETag": f'"{etag}"',
+                                                                       "Content-Range": f"bytes {first}-{end - 1}/{len(data)}"},
+                                               data[int(first):end]))
+                    else:
+                        writer.write(_response(200, "OK", {"ETag": f'"{etag}"', "Content-Type": "binary/octet-stream"}, data))
+                else:
+                    status, reason, kept, data = await asyncio.to_thread(forward, method, target, headers, body)
+                    etag = next((value for name, value in kept.items() if name.lower() == "etag"), "")
+                    if method == "GET" and "?" not in target and status == 200 and "range" not in headers and etag:
+                        cache[target] = (data, etag.strip('"'))
+                    writer.write(_response(status, reason, kept, data))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+    ready(server.sockets[0].getsockname()[1])
+    async with server:
+        await server.serve_forever()
+
+
 def proxy_main(upstream_port: int, delay_ms: float) -> None:
     """Run the proxy in this process: print the port it listens on, serve until killed."""
     asyncio.run(_serve_proxy(upstream_port, delay_ms, lambda port: print(port, flush=True)))
@@ -141,11 +216,12 @@ class Endpoints:
     latency_ms: float
     server_pid: int = 0
     proxy_pid: int = 0
+    front_pid: int = 0
 
     @property
     def pids(self) -> list[int]:
-        """The server's and the proxy's processes (their CPU is the server side's)."""
-        return [pid for pid in (self.server_pid, self.proxy_pid) if pid]
+        """The server's, the proxy's and the GET front's processes (their CPU is the server side's)."""
+        return [pid for pid in (self.server_pid, self.proxy_pid, self.front_pid) if pid]
 
     def options(self, *, proxied: bool = True) -> dict[str, Any]:
         """The ``storage_options`` that reach the server (through the proxy by default)."""
@@ -173,17 +249,22 @@ def _child(args: list[str], env: dict[str, str] | None = None) -> tuple[subproce
 
 
 @contextmanager
-def s3_behind_proxy(latency_ms: float) -> Iterator[Endpoints]:
-    """moto's S3 server and the latency proxy, each in its own process, stopped at the end."""
+def s3_behind_proxy(latency_ms: float, fast: bool = False) -> Iterator[Endpoints]:
+    """moto's S3 server and the latency proxy, each in its own process, stopped at the end. With ``fast``, a caching GET
+    front (:func:`_serve_gets`, its own process) between them: ``direct`` is then the front."""
     server, port = _child(["-c", _SERVER], {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET})
-    proxy = None
+    proxy = front = None
     try:
+        if fast:
+            front, port = _child([str(HERE), "--front", str(port)])
         proxy, proxy_port = _child([str(HERE), "--proxy", str(port), str(latency_ms)])
-        yield Endpoints(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxy_port}", latency_ms, server.pid, proxy.pid)
+        yield Endpoints(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{proxy_port}", latency_ms, server.pid, proxy.pid,
+                        front.pid if front is not None else 0)
     finally:
-        if proxy is not None:
-            proxy.kill()
-            proxy.wait(10)
+        for child in (proxy, front):
+            if child is not None:
+                child.kill()
+                child.wait(10)
         if server.stdin is not None:
             server.stdin.close()
         try:
@@ -327,6 +408,14 @@ def part_build(endpoints: Endpoints, work: Path, count: int, workers: int, concu
     bucket = make_bucket(endpoints, "build")
     prefix = f"{bucket}/{images}"
     upload_folder(endpoints, source, prefix)
+    if endpoints.front_pid:  # every object read once through the GET front: the timed builds' GETs are answered from memory
+        from concurrent.futures import ThreadPoolExecutor
+
+        client, bucket_name = endpoints.client(), bucket[5:]
+        keys = [f"{images}/{path.relative_to(source).as_posix()}" for path in sorted(source.rglob("*")) if path.is_file()
+                and not path.name.startswith(".")]
+        with ThreadPoolExecutor(32) as pool:
+            list(pool.map(lambda key: client.get_object(Bucket=bucket_name, Key=key)["Body"].read(), keys))
     fs.use_options(bucket, endpoints.options())
     cores = len(os.sched_getaffinity(0))
     rows: list[list[Any]] = []
@@ -349,7 +438,8 @@ def part_build(endpoints: Endpoints, work: Path, count: int, workers: int, concu
                      f"{per_image * 1e3:.2f}", f"{server_per_image * 1e3:.2f}" if concurrency is not None else "-",
                      f"{bound:,.0f}", f"{bound / local_bound:.2f}"])
     set_fetch_concurrency(32)
-    title = f"Building {count:,} {what}, {workers} readers, {endpoints.latency_ms:g} ms per request, {cores} cores"
+    server = ", GETs answered by the caching front" if endpoints.front_pid else ""
+    title = f"Building {count:,} {what}, {workers} readers, {endpoints.latency_ms:g} ms per request, {cores} cores{server}"
     header = ["source", "FETCH_CONCURRENCY", "s", "images/s", "x local", "build ms CPU/image", "server + proxy ms CPU/image",
               "client-bound images/s (cores / build CPU)", "client-bound x local"]
     return table(title, header, rows), prefix
@@ -444,6 +534,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--proxy"]:
         proxy_main(int(argv[1]), float(argv[2]))
         return
+    if argv[:1] == ["--front"]:
+        asyncio.run(_serve_gets(int(argv[1]), lambda port: print(port, flush=True)))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="stage,build,epoch,server", help="comma-separated: stage, build, epoch, server")
     parser.add_argument("--count", type=int, default=10_000, help="images of the build and epoch parts")
@@ -451,6 +544,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added to every HTTP request by the proxy")
     parser.add_argument("--concurrency", default="1,4,16,32", help="FETCH_CONCURRENCY values of the S3 builds")
     parser.add_argument("--workers", type=int, default=2, help="build readers and loader workers")
+    parser.add_argument("--fast-server", action="store_true",
+                        help="put a caching GET front before moto (objects answered from memory once read): the build's "
+                             "objects are read once before it is timed, so its GETs cost the server side little, as S3's")
     parser.add_argument("--pin", action="store_true",
                         help="the server and the proxy on the last core, this process (the builds, their readers) on the others: "
                              "the build's CPU per image measured without the server on its cores")
@@ -468,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"command: python benchmarks/{HERE.name} {shlex.join(argv)}\n", flush=True)
     concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    with s3_behind_proxy(args.latency_ms) as endpoints:
+    with s3_behind_proxy(args.latency_ms, args.fast_server) as endpoints:
         if args.pin:
             cores = sorted(os.sched_getaffinity(0))
             if len(cores) < 2:

@@ -36,6 +36,9 @@ assert fastget.store_for(f"{bucket}/k/0.bin") is not None
 requests = [(url, item.etag, None, None) for url, item in listed.items()]
 assert objects.read_many(requests, concurrency=3) == [bodies[url.split("/", 3)[3]] for url in listed]
 assert objects.read(f"{bucket}/k/big.bin", start=10, end=20) == bodies["k/big.bin"][10:20]
+got = list(objects.read_each([requests[1], (f"{bucket}/k/none.bin", None, None, None), requests[0]], concurrency=2))
+assert got[0] == bodies[requests[1][0].split("/", 3)[3]] and got[2] == bodies[requests[0][0].split("/", 3)[3]]
+assert isinstance(got[1], RemoteNotFoundError), got[1]
 assert objects.read(f"{bucket}/k/big.bin", start=(1 << 20) - 5) == bodies["k/big.bin"][-5:]
 
 # credentials from botocore's chain (here the environment) or none at all (anon: unsigned requests), as on the s3fs path

@@ -39,6 +39,21 @@ def bucket(s3: S3Server) -> str:
     return url
 
 
+def test_read_each_yields_in_order_and_a_failed_request_yields_its_error(bucket: str) -> None:
+    for i in range(5):
+        objects.write(f"{bucket}/e/{i}.bin", bytes([i]) * (i + 1))
+    requests = [(f"{bucket}/e/{i}.bin", None, None, None) for i in (4, 0, 3)] + [(f"{bucket}/e/missing.bin", None, None, None),
+                                                                                (f"{bucket}/e/1.bin", None, None, None)]
+    got = list(objects.read_each(requests, concurrency=2))
+    assert got[:3] == [b"\4" * 5, b"\0", b"\3" * 4] and got[4] == b"\1" * 2, "in the order asked, the others unharmed"
+    assert isinstance(got[3], RemoteNotFoundError) and "e/missing.bin: no such object" in str(got[3])
+    with pytest.raises(RemoteNotFoundError, match=r"e/missing\.bin"):
+        objects.read_many(requests)
+    arriving = objects.read_each(requests, concurrency=1)
+    assert next(arriving) == b"\4" * 5
+    arriving.close()  # a caller that stops early: the rest are not waited for
+
+
 def test_write_list_read_with_preconditions(bucket: str) -> None:
     etag = objects.write(f"{bucket}/a/x.bin", b"hello")
     objects.write(f"{bucket}/a/sub/y.bin", b"yy")

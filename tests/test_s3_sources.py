@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,8 @@ def test_nothing_changed_is_up_to_date_without_a_fetch_and_one_changed_object_is
     target = tmp_path / "s3.lmdb"
     build(prefix, target, workers=0, progress=False)
     fetched: list[str] = []
-    real = objects.read_many
-    monkeypatch.setattr(objects, "read_many", lambda requests, *a, **k: fetched.extend(r[0] for r in requests) or real(requests, *a, **k))
+    real = objects.read_each  # what read_many and the readers fetch through
+    monkeypatch.setattr(objects, "read_each", lambda requests, *a, **k: fetched.extend(r[0] for r in requests) or real(requests, *a, **k))
     assert build(prefix, target, workers=0, progress=False, on_stale="error").action == "up-to-date"
     assert fetched == []
     changed = scan_source(prefix).files[1]
@@ -277,13 +278,13 @@ def test_a_chunks_objects_are_fetched_together_with_their_etags(images: tuple[Pa
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     _, prefix = images
     calls: list[tuple[int, int, bool]] = []
-    real = objects.read_many
+    real = objects.read_each
 
-    def counted(requests: list, concurrency: int = 0) -> list[bytes]:
+    def counted(requests: list, concurrency: int = 0) -> Iterator[bytes]:
         calls.append((len(requests), concurrency, all(etag for _, etag, _, _ in requests)))
         return real(requests, concurrency)
 
-    monkeypatch.setattr(objects, "read_many", counted)
+    monkeypatch.setattr(objects, "read_each", counted)
     monkeypatch.setattr(objects, "read", lambda *a, **k: pytest.fail("one GET at a time"))
     report = build(prefix, tmp_path / "s3.lmdb", workers=0, progress=False)
     assert sum(n for n, _, _ in calls) == report.count and len(calls) < report.count

@@ -146,22 +146,21 @@ def _etag_of(task: _Task) -> str | None:
     return task[7] if len(task) == 8 else None
 
 
-def _fetched(chunk: list[_Task]) -> list[bytes | None]:
-    """The bytes of the chunk's objects of object storage, fetched together (:func:`lightning_lmdb.remote.objects.read_many`,
-    :data:`lightning_lmdb.remote.objects.FETCH_CONCURRENCY` at once: a build is not bound by each request's latency); ``None``
-    for a local file (read by :func:`_read_one`). When any fetch fails, every object is left to :func:`_read_one`, which
-    names the one that failed."""
+def _fetched(chunk: list[_Task]) -> Iterator[bytes | None]:
+    """The bytes of the chunk's objects of object storage, in order, each as soon as it arrived: all are requested at once
+    (:func:`lightning_lmdb.remote.objects.read_each`, :data:`lightning_lmdb.remote.objects.FETCH_CONCURRENCY` in flight), so
+    the reader decodes the first objects while the rest arrive and a build is not bound by each request's latency. ``None``
+    for a local file (read by :func:`_read_one`) and for an object whose fetch failed (:func:`_read_one` reads it again and
+    names it in its error)."""
     wanted = [k for k, task in enumerate(chunk) if len(task) > 1 and is_remote(task[1]) and len(task) <= 8]
-    found: list[bytes | None] = [None] * len(chunk)
     if len(wanted) < 2:
-        return found
-    try:
-        datas = objects.read_many([(chunk[k][1], _etag_of(chunk[k]), None, None) for k in wanted], concurrency=objects.FETCH_CONCURRENCY)
-    except RemoteError:
-        return found
-    for k, data in zip(wanted, datas, strict=True):
-        found[k] = data
-    return found
+        yield from [None] * len(chunk)
+        return
+    arriving = objects.read_each([(chunk[k][1], _etag_of(chunk[k]), None, None) for k in wanted], concurrency=objects.FETCH_CONCURRENCY)
+    wanted_set = set(wanted)
+    for k in range(len(chunk)):
+        data = next(arriving) if k in wanted_set else None
+        yield None if isinstance(data, BaseException) else data
 
 
 def _unreadable(exc: OSError, path: str, what: str) -> str:

@@ -149,16 +149,16 @@ def _region(profile: str | None) -> str:
     return region or "us-east-1"
 
 
-def run(coroutine: Any) -> Any:
-    """Run ``coroutine`` on this process's event-loop thread (made on first use) and return its result. A thread of its
-    own, so a caller inside a running loop (a notebook) can call too."""
+def loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop for ``obstore``'s requests, running in a thread of its own (made on first use), so a caller
+    inside a running loop (a notebook) can submit to it too."""
     pid = os.getpid()
     with _lock:
-        loop = _loops.get(pid)
-        if loop is None:
-            loop = _loops[pid] = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="lightning-lmdb-obstore", daemon=True).start()
-    return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+        found = _loops.get(pid)
+        if found is None:
+            found = _loops[pid] = asyncio.new_event_loop()
+            threading.Thread(target=found.run_forever, name="lightning-lmdb-obstore", daemon=True).start()
+        return found
 
 
 async def get(store: Any, key: str, etag: str | None, start: int | None, end: int | None) -> bytes:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -116,8 +117,27 @@ def read(url: str, *, etag: str | None = None, start: int | None = None, end: in
     return read_many([(url, etag, start, end)])[0]
 
 
-def read_many(requests: Iterable[tuple[str, str | None, int | None, int | None]], concurrency: int = FETCH_CONCURRENCY) -> list[bytes]:
-    """:func:`read` of each ``(url, etag, start, end)``, at most ``concurrency`` at once, in order.
+#: One read: ``(url, etag or None, start or None, end or None)`` (:func:`read`'s arguments).
+Request = tuple[str, str | None, int | None, int | None]
+
+
+def read_many(requests: Iterable[Request], concurrency: int = FETCH_CONCURRENCY) -> list[bytes]:
+    """:func:`read` of each ``(url, etag, start, end)``, at most ``concurrency`` at once, in order (:func:`read_each`).
+
+    Raises:
+        The first request's error, among those that failed (each :func:`read` raises).
+    """
+    results = list(read_each(requests, concurrency))
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]
+
+
+def read_each(requests: Iterable[Request], concurrency: int = FETCH_CONCURRENCY) -> Iterator[bytes | LightningLMDBError]:
+    """:func:`read` of each ``(url, etag, start, end)``: all started at once, at most ``concurrency`` in flight, each yielded
+    in order as soon as it (and those before it) arrived, so a caller works on the first objects while the rest come. A
+    request that fails yields its error (the error :func:`read` raises); the others go on.
 
     Many small objects are fetched concurrently so a build is not bound by the latency of each request. S3 GETs go through
     ``obstore`` where it can take them (:mod:`~lightning_lmdb.remote.fastget`: a third of ``s3fs``'s CPU per GET), else
@@ -125,40 +145,40 @@ def read_many(requests: Iterable[tuple[str, str | None, int | None, int | None]]
     """
     requests = list(requests)
     if not requests:
-        return []
+        return
     filesystem = fs.filesystem(requests[0][0])
     if not fs.is_s3(requests[0][0]):  # no precondition outside S3 (untested schemes)
-        return [_call(url, "read", lambda url=url, start=start, end=end: filesystem.cat_file(_path(url), start=start, end=end))
-                for url, _, start, end in requests]
+        for url, _, start, end in requests:
+            try:
+                yield _call(url, "read", lambda url=url, start=start, end=end: filesystem.cat_file(_path(url), start=start, end=end))
+            except LightningLMDBError as exc:
+                yield exc
+        return
     bucket = urls.bucket_key(requests[0][0])[0]
     store = fastget.store_for(requests[0][0]) if all(urls.bucket_key(r[0])[0] == bucket for r in requests) else None
     if store is not None:
-        try:
-            return _gathered(fastget.run(_fetch_all(requests, concurrency, lambda *request: _get_fast(store, *request))))
-        except _WrongRegion:
-            fastget.refuse(requests[0][0])
-    from fsspec.asyn import sync
+        loop, get = fastget.loop(), functools.partial(_get_fast, store)
+    else:
+        loop, get = filesystem.loop, functools.partial(_get_s3, filesystem)
+    gate = asyncio.Semaphore(max(1, concurrency))  # bound to ``loop`` on first use there
 
-    return _gathered(sync(filesystem.loop, _fetch_all, requests, concurrency, lambda *request: _get_s3(filesystem, *request)))
-
-
-async def _fetch_all(requests: list[tuple[str, str | None, int | None, int | None]], concurrency: int,
-                     get: Callable[..., Any]) -> list[bytes | BaseException]:
-    gate = asyncio.Semaphore(max(1, concurrency))
-
-    async def one(request: tuple[str, str | None, int | None, int | None]) -> bytes | BaseException:
+    async def one(request: Request) -> bytes:
         async with gate:
             return await get(*request)
 
-    return await asyncio.gather(*(one(request) for request in requests), return_exceptions=True)
-
-
-def _gathered(results: list[bytes | BaseException]) -> list[bytes]:
-    """``results``, or the first error among them raised (a wrong region first: every GET then goes through ``s3fs``)."""
-    errors = [result for result in results if isinstance(result, BaseException)]
-    if errors:
-        raise next((error for error in errors if isinstance(error, _WrongRegion)), errors[0])
-    return results  # type: ignore[return-value]
+    futures = [asyncio.run_coroutine_threadsafe(one(request), loop) for request in requests]
+    try:
+        for request, future in zip(requests, futures, strict=True):
+            try:
+                yield future.result()
+            except _WrongRegion:  # obstore signed for another region: this bucket's GETs go through s3fs from now on
+                fastget.refuse(request[0])
+                yield from read_each([request], concurrency)
+            except LightningLMDBError as exc:
+                yield exc
+    finally:  # a caller that stops early: what is still queued is not fetched
+        for future in futures:
+            future.cancel()
 
 
 class _WrongRegion(RemoteError):
