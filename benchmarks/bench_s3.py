@@ -417,6 +417,9 @@ def part_build(endpoints: Endpoints, work: Path, count: int, workers: int, concu
         with ThreadPoolExecutor(32) as pool:
             list(pool.map(lambda key: client.get_object(Bucket=bucket_name, Key=key)["Body"].read(), keys))
     fs.use_options(bucket, endpoints.options())
+    from lightning_lmdb.remote import objects
+
+    default = objects.FETCH_CONCURRENCY
     cores = len(os.sched_getaffinity(0))
     rows: list[list[Any]] = []
     target = work / "built.lmdb"
@@ -437,7 +440,7 @@ def part_build(endpoints: Endpoints, work: Path, count: int, workers: int, concu
         rows.append([label, "-" if concurrency is None else concurrency, f"{seconds:.2f}", f"{rate:,.0f}", f"{rate / local_rate:.2f}",
                      f"{per_image * 1e3:.2f}", f"{server_per_image * 1e3:.2f}" if concurrency is not None else "-",
                      f"{bound:,.0f}", f"{bound / local_bound:.2f}"])
-    set_fetch_concurrency(32)
+    set_fetch_concurrency(default)
     server = ", GETs answered by the caching front" if endpoints.front_pid else ""
     title = f"Building {count:,} {what}, {workers} readers, {endpoints.latency_ms:g} ms per request, {cores} cores{server}"
     header = ["source", "FETCH_CONCURRENCY", "s", "images/s", "x local", "build ms CPU/image", "server + proxy ms CPU/image",
@@ -542,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=10_000, help="images of the build and epoch parts")
     parser.add_argument("--db-mb", type=int, default=200, help="size of the staged database")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added to every HTTP request by the proxy")
-    parser.add_argument("--concurrency", default="1,4,16,32", help="FETCH_CONCURRENCY values of the S3 builds")
+    parser.add_argument("--concurrency", default="1,8,32,64", help="FETCH_CONCURRENCY values of the S3 builds")
     parser.add_argument("--workers", type=int, default=2, help="build readers and loader workers")
     parser.add_argument("--fast-server", action="store_true",
                         help="put a caching GET front before moto (objects answered from memory once read): the build's "
@@ -577,7 +580,7 @@ def main(argv: list[str] | None = None) -> None:
         if "stage" in parts:
             print(part_stage(endpoints, work, args.db_mb, args.rounds) + "\n", flush=True)
         if "build" in parts or "epoch" in parts:
-            built, prefix = part_build(endpoints, work, args.count, args.workers, concurrencies if "build" in parts else [32],
+            built, prefix = part_build(endpoints, work, args.count, args.workers, concurrencies if "build" in parts else [64],
                                        args.images)
             if "build" in parts:
                 print(built + "\n", flush=True)

@@ -288,7 +288,7 @@ def test_a_chunks_objects_are_fetched_together_with_their_etags(images: tuple[Pa
     monkeypatch.setattr(objects, "read", lambda *a, **k: pytest.fail("one GET at a time"))
     report = build(prefix, tmp_path / "s3.lmdb", workers=0, progress=False)
     assert sum(n for n, _, _ in calls) == report.count and len(calls) < report.count
-    assert all(concurrency == 32 and tagged for _, concurrency, tagged in calls)
+    assert all(concurrency == objects.FETCH_CONCURRENCY and tagged for _, concurrency, tagged in calls)
 
 
 def test_a_hugging_face_folder_under_a_prefix_is_read_through_its_metadata_file(images: tuple[Path, str], tmp_path: Path) -> None:

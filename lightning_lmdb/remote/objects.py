@@ -37,8 +37,8 @@ T = TypeVar("T")
 MIN_PART, MAX_PARTS, SINGLE_PUT = 8 << 20, 10_000, 16 << 20
 #: Parts uploaded at once.
 PART_CONCURRENCY = 8
-#: Objects fetched at once by :func:`read_many`.
-FETCH_CONCURRENCY = 32
+#: Objects fetched at once by :func:`read_each` (a reader chunk holds at most 64 files: fetched in one round trip).
+FETCH_CONCURRENCY = 64
 
 
 @dataclass(frozen=True)
