@@ -41,11 +41,12 @@ def test_the_proxy_adds_its_latency_to_each_request_and_passes_bytes_intact() ->
 @pytest.mark.slow
 def test_a_tiny_run_prints_its_tables(tmp_path: Path) -> None:
     command = [sys.executable, "benchmarks/bench_s3.py", "--parts", "build,epoch", "--count", "12", "--concurrency", "4",
-               "--workers", "1", "--latency-ms", "5", "--work", str(tmp_path)]
+               "--workers", "1", "--latency-ms", "5", "--fast-server", "--work", str(tmp_path)]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert out.startswith("command: python benchmarks/bench_s3.py --parts build,epoch --count 12")
+    assert "GETs answered by the caching front" in out, "the front before moto: every other request went through it to moto"
     assert "### Building 12 ImageNet-like JPEGs" in out and "| local folder | - |" in out and "### One epoch of 12 JPEGs" in out
     row = next(line for line in out.splitlines() if line.startswith("| s3://build/photos | 4 |"))  # the concurrency asked
     cells = [cell.strip() for cell in row.strip("|").split("|")]
