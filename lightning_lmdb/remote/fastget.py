@@ -115,8 +115,10 @@ def _make(bucket: str, options: dict[str, Any]) -> Any | None:
     config["region"] = client.get("region_name") or _region(options.get("profile"))
     if endpoint:
         config["endpoint"] = str(endpoint)
-    stall = timedelta(seconds=fs.STALL_SECONDS)
-    client_options = {"connect_timeout": timedelta(seconds=fs.CONNECT_SECONDS), "read_timeout": stall,
+    timeouts = options.get("config_kwargs") or {}  # a caller's own, as s3fs takes them; else the layer's
+    stall = timedelta(seconds=float(timeouts.get("read_timeout", fs.STALL_SECONDS)))
+    connect = timedelta(seconds=float(timeouts.get("connect_timeout", fs.CONNECT_SECONDS)))
+    client_options = {"connect_timeout": connect, "read_timeout": stall,
                       "timeout": timedelta(days=1), "allow_http": str(endpoint or "").startswith("http://")}
     return S3Store(bucket, config=config, client_options=client_options, retry_config={"max_retries": 0},
                    credential_provider=provider)
