@@ -18,6 +18,8 @@ a folder of masks (:func:`scan_pairs`), not an ImageFolder: every image below it
 relative path, and for each the mask in ``masks_dir`` whose relative path without its extension is the image's
 (``images/a/1.jpg`` with ``masks/a/1.png``). The options ``ignore_index``, ``num_classes`` and ``classes`` apply then
 (:mod:`lightning_lmdb.sources.masks`). Without ``masks_dir``, a folder holding ``images/`` and ``masks/`` is an ImageFolder of two classes.
+On object storage the images and ``masks_dir`` are both prefixes (``masks_dir`` a full URL), paired the same way from one listing
+of each (:func:`scan_prefix_pairs`); one local and the other a URL is refused.
 
 **Given classes**: ``SourceOptions(classes=[...])`` maps an ImageFolder's class folders through that list instead of their
 sorted names (``LMDBDataModule`` maps its val and test folders through the training folder's classes this way): every class
@@ -50,7 +52,7 @@ from lightning_lmdb.sources.base import (
 )
 
 __all__ = ["DESCRIPTION", "NAME", "NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "SourceOptions", "SourceScan",
-           "accepts", "classes", "has_samples", "labels", "read_file", "scan", "scan_folder", "scan_pairs"]
+           "accepts", "classes", "has_samples", "labels", "read_file", "scan", "scan_folder", "scan_pairs", "scan_prefix_pairs"]
 
 #: The options a folder paired with its masks takes (``masks_dir`` and how the mask values are read).
 _MASK_OPTIONS = ("masks_dir", "ignore_index", "num_classes", "classes", "target_kind")

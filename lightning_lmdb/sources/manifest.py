@@ -43,7 +43,8 @@ mixed or unclear (names with fractions, whole-number floats like ``1.0``) asks f
 
 **Masks** (segmentation, :mod:`lightning_lmdb.sources.masks`): a column of mask paths, ``mask_column`` (default ``mask`` when present
 and ``target_kind`` is unset or ``"mask"``), makes the target kind ``"mask"``: each row's mask is a second image path,
-placed like the image (relative to the root, inside it); a missing mask is reported by the build, naming the line. A
+placed like the image (relative to the root, inside it; on object storage a key under the root prefix, or a full URL, listed
+with the images and fetched ``If-Match`` its listed ETag); a missing mask is reported by the build, naming the line. A
 manifest with both ``label`` and ``mask`` columns needs ``target_kind`` (``"mask"``: the label column is not read).
 ``ignore_index``, ``num_classes`` (and ``classes``) say how the mask values are read; without a mask column they are refused.
 
