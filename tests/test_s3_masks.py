@@ -251,3 +251,12 @@ def test_the_datamodule_serves_an_s3_images_prefix_with_masks_as_the_local_folde
     assert len(batches["local"]) == 3
     for (xa, ya), (xb, yb), (xc, yc) in zip(batches["lmdb"], batches["raw"], batches["local"], strict=True):
         assert torch.equal(xa, xb) and torch.equal(xa, xc) and torch.equal(ya, yb) and torch.equal(ya, yc) and ya.dtype == torch.int64
+
+
+def test_a_sharded_build_of_an_s3_mask_manifest_equals_the_local_one(data: tuple[Path, str, list[tuple[str, str]]],
+                                                                     tmp_path: Path) -> None:
+    root, prefix, _ = data
+    build(f"{prefix}/list.csv", tmp_path / "s3", workers=0, progress=False, shards=2, num_classes=400)
+    build(root / "list.csv", tmp_path / "local", workers=0, progress=False, shards=2, num_classes=400)
+    for name in ("shard-00000-of-00002.lmdb", "shard-00001-of-00002.lmdb"):
+        same_records(tmp_path / "s3" / name, tmp_path / "local" / name)
