@@ -139,9 +139,9 @@ def _no_options(folder: Path, options: SourceOptions | None) -> None:
         images, given_masks = redact(str(folder)), redact(str(options.masks_dir))
         raise SourceError(f"masks_dir={given_masks!r} is {'a local folder' if is_remote(folder) else 'a URL of object storage'}, but the "
                           f"images {images!r} are {'on object storage' if is_remote(folder) else 'a local folder'}: the images and "
-                          "their masks are both local folders or both prefixes of object storage. Give masks_dir as "
-                          f"{'a full URL (e.g. s3://bucket/masks/)' if is_remote(folder) else 'a local folder'}, or copy the "
-                          f"{'masks' if is_remote(folder) else 'images'} there too.")
+                          "their masks must both be local folders or both be prefixes of object storage. Give masks_dir as "
+                          f"{'a full URL (e.g. s3://bucket/data/masks/)' if is_remote(folder) else 'a local folder'}, or put the "
+                          f"{'masks on object storage' if is_remote(folder) else 'images on object storage'} too.")
     given = ", ".join(f"{name}={value!r}" for name, value in options.as_dict().items() if name not in allowed)
     if given and paired:
         raise OptionError(f"{given}: these options read a manifest; {str(folder)!r} is an image folder paired with its masks "
