@@ -11,7 +11,8 @@ pool's initializer (inherited with the ``fork`` start method, pickled once per r
 
 A source with segmentation masks (:class:`lightning_lmdb.sources.masks.MaskScan`) is read a pair at a time: the image as any image,
 then its mask (:func:`lightning_lmdb.sources.masks.read_mask`, the image's size), packed in one record
-(:func:`lightning_lmdb.sources.masks.pack`); the record's target (its progress entry's end) is the classes the mask holds.
+(:func:`lightning_lmdb.sources.masks.pack`); the record's target (its progress entry's end) is the classes the mask holds. On object
+storage a chunk's images and masks are fetched together (:func:`_fetched`), each ``If-Match`` the ETag its listing gave.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from lightning_lmdb.codec.storage import DEFAULT_MAX_PIXELS, ImageDecodeError, e
 from lightning_lmdb.errors import RemoteError, RemoteNotFoundError, SourceError
 from lightning_lmdb.remote import fastget, objects
 from lightning_lmdb.remote import fs as remote_fs
-from lightning_lmdb.remote.urls import is_remote
+from lightning_lmdb.remote.urls import is_remote, redact
 from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.sources import masks
 from lightning_lmdb.sources.base import NotRegularFileError, SourceFile, SourceScan, read_file
@@ -58,7 +59,8 @@ def available_cores() -> int:
 
 #: One file to read: (index, path, storage or "check", max_pixels, resize, quality[, validate[, etag]]); for a dataset source, the
 #: sample's index as text in place of the path; for an image with a mask, then (mask path, ignore_index, num_classes or None).
-#: An object of object storage (its path a URL) carries the ETag its listing gave (fetched only while it still has it); a local
+#: An object of object storage (its path a URL) carries the ETag its listing gave (fetched only while it still has it); a pair with
+#: an object then carries (image ETag, mask ETag), each ``""`` for a local file or an object the listing did not find; a local
 #: file's task is as it always was.
 _Task = tuple[Any, ...]
 #: The dataset a reader process reads samples of (set by :func:`_start_reader`; ``None`` when it reads files).
@@ -86,7 +88,8 @@ def tasks_of(scan: SourceScan, storage: str, max_pixels: int | None, resize: int
         return [(i, key(files[i]), *head, *tail, files[i].etag) if dataset is None and files[i].etag else (i, key(files[i]), *head, *tail)
                 for i in range(start, len(files))]
     limit = len(scan.classes) if scan.classes else scan.num_classes
-    return [(i, f.path, *head, f.mask, scan.ignore_index, limit) for i, f in enumerate(scan.files[start:], start)]
+    return [(i, f.path, *head, f.mask, scan.ignore_index, limit, *((f.etag, f.mask_etag) if f.etag or f.mask_etag else ()))
+            for i, f in enumerate(scan.files[start:], start)]
 
 
 def record_targets(scan: SourceScan) -> datasource.RecordTargets | masks.MaskTargets:
@@ -102,8 +105,9 @@ def _relpath_of(file: SourceFile) -> str:
     return file.relpath
 
 
-def _read_one(task: _Task, data: bytes | None = None) -> tuple[int, bytes | None, Any]:
-    """Read, fully decode and checksum one file (runs in a pool worker); ``data``: its bytes, fetched already.
+def _read_one(task: _Task, data: bytes | None = None, mask_data: bytes | None = None) -> tuple[int, bytes | None, Any]:
+    """Read, fully decode and checksum one file (runs in a pool worker); ``data``: its bytes, fetched already (``mask_data``: its
+    mask's, for an image with a mask).
 
     Returns:
         ``(index, value, entry)`` (``entry``: :func:`lightning_lmdb.store.format.progress_entry`, the digest and the
@@ -129,7 +133,7 @@ def _read_one(task: _Task, data: bytes | None = None) -> tuple[int, bytes | None
         except OSError as exc:
             return index, None, _unreadable(exc, path, "the file")
     if len(task) > 8:
-        return _read_pair(task, data)
+        return _read_pair(task, data, mask_data)
     try:
         if storage == "check":  # validation only (find_bad_files)
             encode_record(data, "encoded", max_pixels=max_pixels, name=path)
@@ -142,25 +146,45 @@ def _read_one(task: _Task, data: bytes | None = None) -> tuple[int, bytes | None
 
 
 def _etag_of(task: _Task) -> str | None:
-    """The ETag an object's task carries (:func:`tasks_of`), else ``None``."""
-    return task[7] if len(task) == 8 else None
+    """The ETag an object's task carries (:func:`tasks_of`; an image with a mask: the image's, ``""`` when it has none), else
+    ``None``."""
+    return task[7] if len(task) == 8 else task[9] if len(task) == _PAIR_WITH_ETAGS else None
 
 
-def _fetched(chunk: list[_Task]) -> Iterator[bytes | None]:
-    """The bytes of the chunk's objects of object storage, in order, each as soon as it arrived: all are requested at once
-    (:func:`lightning_lmdb.remote.objects.read_each`, :data:`lightning_lmdb.remote.objects.FETCH_CONCURRENCY` in flight), so
-    the reader decodes the first objects while the rest arrive and a build is not bound by each request's latency. ``None``
-    for a local file (read by :func:`_read_one`) and for an object whose fetch failed (:func:`_read_one` reads it again and
-    names it in its error)."""
-    wanted = [k for k, task in enumerate(chunk) if len(task) > 1 and is_remote(task[1]) and len(task) <= 8]
+def _mask_etag_of(task: _Task) -> str | None:
+    """The ETag of the mask of an image with a mask whose task carries ETags (:func:`tasks_of`; ``""`` when none), else ``None``."""
+    return task[10] if len(task) == _PAIR_WITH_ETAGS else None
+
+
+#: The length of the task of an image with a mask that carries ETags (:func:`tasks_of`).
+_PAIR_WITH_ETAGS = 11
+
+
+def _fetched(chunk: list[_Task]) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """The bytes of the chunk's objects of object storage, per task ``(image, mask)``, in order, each task's as soon as they
+    arrived: all are requested at once (:func:`lightning_lmdb.remote.objects.read_each`,
+    :data:`lightning_lmdb.remote.objects.FETCH_CONCURRENCY` in flight), so the reader decodes the first while the rest arrive
+    and a build is not bound by each request's latency. ``None`` for a local file, an image without a mask's mask, a mask
+    object its listing did not find, and an object whose fetch failed: :func:`_read_one` reads each of those itself (and
+    names the one that fails)."""
+    wanted: list[tuple[int, int, str, str | None]] = []  # (task, 0 image / 1 mask, url, etag)
+    for k, task in enumerate(chunk):
+        if len(task) == _PAIR_WITH_ETAGS:  # an image with a mask: each object the listing found
+            wanted += [(k, which, task[at], task[tag]) for which, at, tag in ((0, 1, 9), (1, 6, 10)) if task[tag] and is_remote(task[at])]
+        elif len(task) > 1 and is_remote(task[1]) and len(task) <= 8:
+            wanted.append((k, 0, task[1], _etag_of(task)))
     if len(wanted) < 2:
-        yield from [None] * len(chunk)
+        yield from [(None, None)] * len(chunk)
         return
-    arriving = objects.read_each([(chunk[k][1], _etag_of(chunk[k]), None, None) for k in wanted], concurrency=objects.FETCH_CONCURRENCY)
-    wanted_set = set(wanted)
+    arriving = objects.read_each([(url, etag, None, None) for _, _, url, etag in wanted], concurrency=objects.FETCH_CONCURRENCY)
+    position = 0
     for k in range(len(chunk)):
-        data = next(arriving) if k in wanted_set else None
-        yield None if isinstance(data, BaseException) else data
+        pair: list[bytes | None] = [None, None]
+        while position < len(wanted) and wanted[position][0] == k:
+            data = next(arriving)
+            pair[wanted[position][1]] = None if isinstance(data, BaseException) else data
+            position += 1
+        yield pair[0], pair[1]
 
 
 def _unreadable(exc: OSError, path: str, what: str) -> str:
@@ -172,10 +196,16 @@ def _unreadable(exc: OSError, path: str, what: str) -> str:
     return f"cannot read {what} ({exc.strerror or exc}).{hint}"
 
 
-def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
-    """:func:`_read_one` of an image with a mask (``data``: the image file's bytes): the record :func:`lightning_lmdb.sources.masks.pack`
-    makes of both, its entry :func:`lightning_lmdb.store.format.record_entry` with the classes the mask holds (with ``"check"``:
-    ``b""`` and those classes); or ``(index, None, reason)``, the reason naming the mask when it is the mask that is bad."""
+def _read_pair(task: _Task, data: bytes, mask_data: bytes | None = None) -> tuple[int, bytes | None, Any]:
+    """:func:`_read_one` of an image with a mask (``data``: the image file's bytes; ``mask_data``: the mask's, fetched already, else
+    ``None``): the record :func:`lightning_lmdb.sources.masks.pack` makes of both, its entry
+    :func:`lightning_lmdb.store.format.record_entry` with the classes the mask holds (with ``"check"``: ``b""`` and those classes);
+    or ``(index, None, reason)``, the reason naming the mask when it is the mask that is bad.
+
+    Raises:
+        RemoteError: A mask object that changed since the scan listed it (:class:`~lightning_lmdb.errors.RemoteChangedError`, naming
+            it), or object storage that failed: the build stops there, as for an image.
+    """
     index, path, storage, max_pixels, resize, quality, mask_path, ignore_index, num_classes = task[:9]
     try:
         image = decode_pil(data, max_pixels=max_pixels, name=path)
@@ -183,21 +213,35 @@ def _read_pair(task: _Task, data: bytes) -> tuple[int, bytes | None, Any]:
     except ImageDecodeError as exc:
         return index, None, exc.reason
     try:
-        values = masks.resize_mask(masks.read_mask(read_file(mask_path), mask_path, size=image.size), resize)
+        if mask_data is None:
+            mask_etag = _mask_etag_of(task)
+            mask_data = read_file(mask_path) if mask_etag is None else read_file(mask_path, mask_etag)
+        values = masks.resize_mask(masks.read_mask(mask_data, mask_path, size=image.size), resize)
+    except RemoteNotFoundError as exc:
+        if _mask_etag_of(task):  # listed by the scan, gone since: a change, not a bad sample
+            raise
+        return index, None, f"cannot read its mask: {exc}"
+    except RemoteError:
+        raise
     except NotRegularFileError as exc:
         return index, None, f"its mask {mask_path!r} {exc.reason}"
     except OSError as exc:
         return index, None, _unreadable(exc, mask_path, f"its mask {mask_path!r}")
     except ImageDecodeError as exc:
-        return index, None, f"its mask {mask_path!r}: {exc.reason}"
+        return index, None, f"its mask {_shown(mask_path)!r}: {exc.reason}"
     labels = masks.labels_present(values, ignore_index)
     problem = masks.misfit(labels, num_classes, ignore_index)
     if problem is not None:
-        return index, None, f"its mask {mask_path!r} {problem}"
+        return index, None, f"its mask {_shown(mask_path)!r} {problem}"
     if storage == "check":
         return index, b"", labels
     record = masks.pack(value, masks.encode_mask(values))
     return index, record, fmt.record_entry(record, codec, labels)
+
+
+def _shown(path: str) -> str:
+    """A file's path as a reason names it: as it is, or an object's URL redacted."""
+    return redact(path) if is_remote(path) else path
 
 
 def read_sample(dataset: Any, task: _Task) -> tuple[int, bytes | None, Any]:
@@ -348,7 +392,7 @@ def chunks_of(tasks: list[_Task], sizes: list[int] | None, workers: int, growth:
 
 def _read_chunk(chunk: list[_Task]) -> Any:
     """:func:`_read_one` of each task of ``chunk`` (runs in a pool worker; one message back, :func:`_handed`)."""
-    return _handed([_read_one(task, data) for task, data in zip(chunk, _fetched(chunk), strict=True)])
+    return _handed([_read_one(task, *data) for task, data in zip(chunk, _fetched(chunk), strict=True)])
 
 
 #: A chunk whose records hold at least this many bytes crosses to the writer through a file in shared memory (:func:`_handed`).
@@ -464,11 +508,11 @@ def _read_files(tasks: list[_Task], workers: int, dataset: Any = None, sizes: li
     """
     if workers == 0 or len(tasks) < 2:
         read = _read_one if dataset is None else functools.partial(read_sample, dataset)
-        if dataset is None and any(len(task) == 8 for task in tasks):  # objects: fetched a chunk at a time here too
+        if dataset is None and any(len(task) in (8, _PAIR_WITH_ETAGS) for task in tasks):  # objects: fetched a chunk at a time here too
             with warnings.catch_warnings():
                 _ignore_palette_warning()
                 yield (result for chunk in chunks_of(tasks, sizes, 1, growth)
-                       for result in [_read_one(task, data) for task, data in zip(chunk, _fetched(chunk), strict=True)])
+                       for result in [_read_one(task, *data) for task, data in zip(chunk, _fetched(chunk), strict=True)])
             return
         with warnings.catch_warnings():  # once for the whole read: this process's filters are as they were afterwards
             _ignore_palette_warning()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,12 +25,12 @@ from lightning_lmdb.errors import BuildError, LightningLMDBError, SourceError
 from lightning_lmdb.read.batchdecode import Deferred
 from lightning_lmdb.read.dataset import ImageDatasetBase, WithMask, ignore_index_of, stored_targets
 from lightning_lmdb.read.decoding import check_decoding
-from lightning_lmdb.remote import fastget
+from lightning_lmdb.remote import fastget, objects
 from lightning_lmdb.remote import fs as remote_fs
-from lightning_lmdb.remote.urls import is_remote
+from lightning_lmdb.remote.urls import is_remote, redact
 from lightning_lmdb.sources import dataset as datasource
 from lightning_lmdb.sources import masks
-from lightning_lmdb.sources.base import Labels, SourceOptions, SourceScan, read_file, scan_source
+from lightning_lmdb.sources.base import Labels, SourceFile, SourceOptions, SourceScan, read_file, scan_source
 from lightning_lmdb.store import format as fmt
 from lightning_lmdb.targets import TargetTable, target_kind, width_of
 
@@ -196,10 +196,15 @@ class RawImageDataset(ImageDatasetBase):
         path = self._join(self._paths[row])
         if getattr(self, "_remote_options", None) is not None:  # an object: one GET, with the options of the process that made this dataset
             self._adopt()
-        data = read_file(path)
         if self._masks is not None:  # the mask file: read with the image, checked against it in _transformed_pair
             mask_path = self._join(self._masks[row])
-            mask = masks.read_mask(read_file(mask_path), mask_path)
+            if is_remote(path) and is_remote(mask_path):  # two objects: fetched together, not one after the other
+                data, mask_data = objects.read_many([(path, None, None, None), (mask_path, None, None, None)])
+            else:
+                data, mask_data = read_file(path), read_file(mask_path)
+            mask = masks.read_mask(mask_data, mask_path)
+        else:
+            data = read_file(path)
         if marks is not None:
             marks.append(time.perf_counter())
         image = self._deferred(data) or decode(data, self.decoder, decode_size=self._image_decode_size(), name=path)
@@ -217,15 +222,28 @@ def mask_classes(scan: SourceScan, exclude: Collection[str] = ()) -> list[str]:
     """
     fitting = masks.MaskTargets.of(scan)
     found = []
-    for file in scan.files:
-        if file.relpath in exclude:
-            continue
-        ids = masks.labels_present(masks.read_mask(read_file(file.mask), file.mask), fitting.ignore_index)
+    for file, data in _mask_bytes([file for file in scan.files if file.relpath not in exclude]):
+        ids = masks.labels_present(masks.read_mask(data, file.mask), fitting.ignore_index)
         problem = fitting.check(ids)
         if problem is not None:
-            raise SourceError(f"{file.mask}: {problem}.")
+            raise SourceError(f"{redact(file.mask) if is_remote(file.mask) else file.mask}: {problem}.")
         found.append(ids)
     return list(fitting.finish(found).classes)
+
+
+#: How many mask objects :func:`_mask_bytes` fetches together (and holds at once).
+_MASKS_AT_ONCE = 256
+
+
+def _mask_bytes(files: list[SourceFile]) -> Iterator[tuple[SourceFile, bytes]]:
+    """Each file with its mask file's bytes, in order: a local mask read alone; mask objects fetched :data:`_MASKS_AT_ONCE` at a time
+    (:func:`lightning_lmdb.remote.objects.read_many`), each ``If-Match`` the ETag the scan listed."""
+    for start in range(0, len(files), _MASKS_AT_ONCE):
+        batch = files[start:start + _MASKS_AT_ONCE]
+        if all(is_remote(file.mask) for file in batch):
+            yield from zip(batch, objects.read_many([(file.mask, file.mask_etag or None, None, None) for file in batch]), strict=True)
+        else:
+            yield from ((file, read_file(file.mask)) for file in batch)
 
 
 # --- a map-style dataset source, served from the dataset itself ----------------------------------------------------------

@@ -441,6 +441,9 @@ class SourceFile:
         mask_mtime_ns: The mask file's modification time in nanoseconds at scan time.
         etag: An object's ETag as its listing gave it (object storage: ``path`` is a URL, ``mtime_ns`` is 0, and the size
             with the ETag say whether it changed; it is fetched only while it still has this ETag); ``""`` for a local file.
+        mask_etag: The mask object's ETag as its listing gave it (its ``mask`` a URL: ``mask_mtime_ns`` is 0, and ``mask_size`` with
+            this ETag say whether it changed; it is fetched only while it still has it); ``""`` for a local mask, without one, or
+            for a mask object the listing did not find (the build reports it).
     """
 
     path: str
@@ -454,6 +457,7 @@ class SourceFile:
     mask_size: int = 0
     mask_mtime_ns: int = 0
     etag: str = ""
+    mask_etag: str = ""
 
 
 @dataclass(frozen=True)
@@ -542,6 +546,8 @@ class PrefixFingerprint:
             where = f.mask[len(self._root):] if self._root and f.mask.startswith(self._root) else f.mask
             mask = f"\0{where}\0{f.mask_size}\0{f.mask_mtime_ns}" if f.mask else ""
             etag = f"\0etag {f.etag}" if f.etag else ""  # an object's; a local file has none (its fingerprint is as before)
+            if f.mask_etag:  # a mask object's, likewise
+                etag += f"\0mask etag {f.mask_etag}"
             self._digest.update(f"{f.relpath}\0{f.target}\0{f.size}\0{f.mtime_ns}{split}{mask}{etag}\n".encode("utf-8", "surrogatepass"))
         self._done = max(self._done, stop)
         return self._digest.copy().hexdigest()

@@ -18,6 +18,8 @@ a folder of masks (:func:`scan_pairs`), not an ImageFolder: every image below it
 relative path, and for each the mask in ``masks_dir`` whose relative path without its extension is the image's
 (``images/a/1.jpg`` with ``masks/a/1.png``). The options ``ignore_index``, ``num_classes`` and ``classes`` apply then
 (:mod:`lightning_lmdb.sources.masks`). Without ``masks_dir``, a folder holding ``images/`` and ``masks/`` is an ImageFolder of two classes.
+On object storage the images and ``masks_dir`` are both prefixes (``masks_dir`` a full URL), paired the same way from one listing
+of each (:func:`scan_prefix_pairs`); one local and the other a URL is refused.
 
 **Given classes**: ``SourceOptions(classes=[...])`` maps an ImageFolder's class folders through that list instead of their
 sorted names (``LMDBDataModule`` maps its val and test folders through the training folder's classes this way): every class
@@ -50,7 +52,7 @@ from lightning_lmdb.sources.base import (
 )
 
 __all__ = ["DESCRIPTION", "NAME", "NO_TARGET", "NotRegularFileError", "PrefixFingerprint", "SourceFile", "SourceOptions", "SourceScan",
-           "accepts", "classes", "has_samples", "labels", "read_file", "scan", "scan_folder", "scan_pairs"]
+           "accepts", "classes", "has_samples", "labels", "read_file", "scan", "scan_folder", "scan_pairs", "scan_prefix_pairs"]
 
 #: The options a folder paired with its masks takes (``masks_dir`` and how the mask values are read).
 _MASK_OPTIONS = ("masks_dir", "ignore_index", "num_classes", "classes", "target_kind")
@@ -133,8 +135,13 @@ def _no_options(folder: Path, options: SourceOptions | None) -> None:
         return
     paired = options.masks_dir is not None
     allowed = _MASK_OPTIONS if paired else ("classes",)
-    if paired and is_remote(folder):
-        raise objectstore.refuse("An image folder paired with its masks (masks_dir=)", str(folder))
+    if paired and is_remote(folder) != is_remote(options.masks_dir):
+        images, given_masks = redact(str(folder)), redact(str(options.masks_dir))
+        raise SourceError(f"masks_dir={given_masks!r} is {'a local folder' if is_remote(folder) else 'a URL of object storage'}, but the "
+                          f"images {images!r} are {'on object storage' if is_remote(folder) else 'a local folder'}: the images and "
+                          "their masks must both be local folders or both be prefixes of object storage. Give masks_dir as "
+                          f"{'a full URL (e.g. s3://bucket/data/masks/)' if is_remote(folder) else 'a local folder'}, or put the "
+                          f"{'masks on object storage' if is_remote(folder) else 'images on object storage'} too.")
     given = ", ".join(f"{name}={value!r}" for name, value in options.as_dict().items() if name not in allowed)
     if given and paired:
         raise OptionError(f"{given}: these options read a manifest; {str(folder)!r} is an image folder paired with its masks "
@@ -370,6 +377,8 @@ def scan_pairs(source: str | os.PathLike[str], options: SourceOptions) -> masks.
             without their pair, or several files of one folder with one name but for the extension (the first few named).
         OptionError: As :func:`lightning_lmdb.sources.masks.mask_scan`.
     """
+    if is_remote(source):
+        return scan_prefix_pairs(str(source), options)
     root = Path(source).expanduser().resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"Source folder {str(source)!r} does not exist or is not a folder. Pass the folder that holds your images.")
@@ -384,14 +393,7 @@ def scan_pairs(source: str | os.PathLike[str], options: SourceOptions) -> masks.
     if not images:
         raise SourceError(f"No images found in {str(root)!r}: expected files ending in {', '.join(IMG_EXTENSIONS)} (at any depth). "
                           "Check the path.")
-    by_stem = _by_stem(masks_root, mask_files)
-    stems = _by_stem(root, images)
-    alone = [rel for rel in images if _stem(rel) not in by_stem], [rel for rel in mask_files if _stem(rel) not in stems]
-    if any(alone):
-        said = [f"{len(found)} {what} ({_shown(found)})" for found, what in zip(alone, (f"image(s) in {str(root)!r} without a mask in "
-                f"{str(masks_root)!r}", f"mask(s) in {str(masks_root)!r} without an image in {str(root)!r}"), strict=True) if found]
-        raise SourceError(f"{'; '.join(said)}. An image's mask has its path relative to masks_dir without the extension (images/a/1.jpg "
-                          "pairs with masks/a/1.png): add or rename the missing files, or remove the extra ones.")
+    by_stem = _paired(str(root), str(masks_root), images, mask_files)
     files, special = [], []
     for relpath in images:
         path, mask_rel = str(root / relpath), by_stem[_stem(relpath)]
@@ -403,6 +405,62 @@ def scan_pairs(source: str | os.PathLike[str], options: SourceOptions) -> masks.
             continue
         files.append(SourceFile(path, relpath, NO_TARGET, size, mtime, mask=mask, mask_size=mask_size, mask_mtime_ns=mask_mtime))
     return masks.mask_scan(root, files, special, options, {"masks_dir": str(masks_root)})
+
+
+def _paired(root: str, masks_root: str, images: list[str], mask_files: list[str]) -> dict[str, str]:
+    """Each mask's relative path by its stem, every image (relative paths ``images`` under ``root``) having one and every mask
+    (``mask_files`` under ``masks_root``) an image; the two roots as errors name them.
+
+    Raises:
+        SourceError: Images or masks without their pair, or several files of one folder with one stem (the first few named).
+    """
+    by_stem = _by_stem(masks_root, mask_files)
+    stems = _by_stem(root, images)
+    alone = [rel for rel in images if _stem(rel) not in by_stem], [rel for rel in mask_files if _stem(rel) not in stems]
+    if any(alone):
+        said = [f"{len(found)} {what} ({_shown(found)})" for found, what in zip(alone, (f"image(s) in {root!r} without a mask in "
+                f"{masks_root!r}", f"mask(s) in {masks_root!r} without an image in {root!r}"), strict=True) if found]
+        raise SourceError(f"{'; '.join(said)}. An image's mask has its path relative to masks_dir without the extension (images/a/1.jpg "
+                          "pairs with masks/a/1.png): add or rename the missing files, or remove the extra ones.")
+    return by_stem
+
+
+def scan_prefix_pairs(url: str, options: SourceOptions) -> masks.MaskScan:
+    """Scan a prefix of images paired with the prefix of their masks, ``options.masks_dir`` (a URL), as :func:`scan_pairs` scans two
+    folders: one listing of each prefix (every object's size and ETag, no request per object), paired by relative key without
+    the extension.
+
+    Raises:
+        FileNotFoundError: Nothing under the images prefix.
+        RemoteNotFoundError: No such bucket.
+        SourceError: Nothing under the masks prefix, or one of the two prefixes holds the other; no images; images or masks
+            without their pair, or several objects of one prefix with one name but for the extension (the first few named).
+        OptionError: As :func:`lightning_lmdb.sources.masks.mask_scan`.
+    """
+    root, masks_root = objectstore.root_of(url), objectstore.root_of(str(options.masks_dir))
+    shown, masks_shown = redact(root), redact(masks_root)
+    if masks_root == root or masks_root.startswith(root + "/") or root.startswith(masks_root + "/"):
+        raise SourceError(f"The images prefix {shown!r} and masks_dir {masks_shown!r} are one or hold each other: the masks would be "
+                          "scanned as images. Keep them side by side, e.g. s3://bucket/data/images/ and s3://bucket/data/masks/.")
+    images = {rel: item for rel, item in objectstore.relative_items(objectstore.listing(root), root)
+              if has_file_allowed_extension(rel, IMG_EXTENSIONS)}
+    try:
+        listed_masks = objectstore.listing(masks_root)
+    except FileNotFoundError:
+        raise SourceError(f"masks_dir={masks_shown!r} holds no objects; pass the prefix that holds the masks of the images in "
+                          f"{shown!r}.") from None
+    mask_items = {rel: item for rel, item in objectstore.relative_items(listed_masks, masks_root)
+                  if has_file_allowed_extension(rel, IMG_EXTENSIONS)}
+    if not images:
+        raise SourceError(f"No images found in {shown!r}: expected objects ending in {', '.join(IMG_EXTENSIONS)} (at any depth). "
+                          "Check the URL.")
+    by_stem = _paired(shown, masks_shown, sorted(images), sorted(mask_items))
+    files = []
+    for relpath in sorted(images):
+        image, mask = images[relpath], mask_items[by_stem[_stem(relpath)]]
+        files.append(SourceFile(image.url, relpath, NO_TARGET, image.size, 0, mask=mask.url, mask_size=mask.size, etag=image.etag,
+                                mask_etag=mask.etag))
+    return masks.mask_scan(root, files, [], options, {"masks_dir": masks_shown})  # type: ignore[arg-type]
 
 
 def _image_files(folder: Path) -> list[str]:
@@ -418,7 +476,7 @@ def _stem(relpath: str) -> str:
     return os.path.splitext(relpath)[0]
 
 
-def _by_stem(folder: Path, relpaths: list[str]) -> dict[str, str]:
+def _by_stem(folder: Path | str, relpaths: list[str]) -> dict[str, str]:
     """Each relative path by its stem (the path without its extension).
 
     Raises:

@@ -43,7 +43,8 @@ mixed or unclear (names with fractions, whole-number floats like ``1.0``) asks f
 
 **Masks** (segmentation, :mod:`lightning_lmdb.sources.masks`): a column of mask paths, ``mask_column`` (default ``mask`` when present
 and ``target_kind`` is unset or ``"mask"``), makes the target kind ``"mask"``: each row's mask is a second image path,
-placed like the image (relative to the root, inside it); a missing mask is reported by the build, naming the line. A
+placed like the image (relative to the root, inside it; on object storage a key under the root prefix, or a full URL, listed
+with the images and fetched ``If-Match`` its listed ETag); a missing mask is reported by the build, naming the line. A
 manifest with both ``label`` and ``mask`` columns needs ``target_kind`` (``"mask"``: the label column is not read).
 ``ignore_index``, ``num_classes`` (and ``classes``) say how the mask values are read; without a mask column they are refused.
 
@@ -129,10 +130,10 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
     separator = "/" if is_remote(root) else os.sep
     prefix = str(root) if str(root).endswith(separator) else str(root) + separator
     name, lines, bad, errors, values = table.name, table.lines, table.bad, targets.errors, targets.values
-    if mask_col is not None and is_remote(root):
-        raise objectstore.refuse("A manifest's mask column (segmentation)", str(source))
-    # the objects it lists: one listing per prefix holding them (their size and ETag), never one request per row
+    # the objects it lists (images and masks): one listing per prefix holding them (their size and ETag), never one request per row
     placed = [_place(cell, prefix, path_col)[1] for cell in table.column(path_col)]
+    if mask_cells is not None:
+        placed += [_place(cell, prefix, str(mask_col), "mask")[1] for cell in mask_cells]
     listed = objectstore.stat_many([path for path in placed if is_remote(path)]) if any(map(is_remote, placed)) else {}
     files: list[SourceFile] = []
     special: list[tuple[str, str]] = []
@@ -158,11 +159,16 @@ def scan(source: Path, options: SourceOptions | None = None) -> SourceScan:
             size, mtime, etag = (found.size, 0, found.etag) if found is not None else (0, 0, "")
         else:
             size, mtime, problem = _stat(path, relpath) if problem is None else (0, 0, problem)
-        mask_size, mask_mtime, problem = _stat(mask, mask_rel) if problem is None and mask else (0, 0, problem)
+        mask_etag = ""
+        if problem is None and mask and is_remote(mask):  # a mask object: likewise (missing: the build reports it, naming the line)
+            found = listed.get(mask)
+            mask_size, mask_mtime, mask_etag = (found.size, 0, found.etag) if found is not None else (0, 0, "")
+        else:
+            mask_size, mask_mtime, problem = _stat(mask, mask_rel) if problem is None and mask else (0, 0, problem)
         if problem is not None:
             special.append((relpath, f"{origin}: {problem}"))
             continue
-        files.append(SourceFile(path, relpath, values[i], size, mtime, split, origin, mask, mask_size, mask_mtime, etag))
+        files.append(SourceFile(path, relpath, values[i], size, mtime, split, origin, mask, mask_size, mask_mtime, etag, mask_etag))
     if mask_col is not None:
         return masks.mask_scan(root, files, special, options, {"manifest": table.name, "mask_column": mask_col})
     described: dict[str, Any] = {"manifest": table.name, "kind": targets.kind, "classes": targets.classes, "target_names": targets.names}

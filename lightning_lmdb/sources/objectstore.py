@@ -22,8 +22,12 @@ EXIF orientation, which the box checks need) with one ranged GET of its first by
 ETag), and the images themselves by the build as any object. A prefix is recognised as a YOLO or VOC layout by one delimited
 listing of its top-level "folders" (:func:`heads`).
 
-Segmentation masks (``masks_dir``, a manifest's mask column) and a manifest's box column are
-not supported on object storage yet: each is refused with a message saying so.
+**Segmentation masks**: a manifest's mask column (its mask objects found by the same listings as its images: :func:`stat_many`),
+or an images prefix paired with a masks prefix (``masks_dir`` a URL: :func:`lightning_lmdb.sources.folder.scan_prefix_pairs`,
+one listing of each). Each mask's size and ETag go in its :class:`~lightning_lmdb.sources.base.SourceFile` (``mask_size``,
+``mask_etag``): the fingerprint follows them, and the build fetches each mask ``If-Match`` its ETag, with its chunk's images
+(:func:`lightning_lmdb.build.readers._fetched`). A mask object missing from the listing has no ETag: the build reports it for its
+row. A local ``masks_dir`` with an images prefix (or a URL with a local folder) is refused.
 """
 
 from __future__ import annotations
