@@ -238,8 +238,9 @@ def test_the_datamodule_serves_an_s3_images_prefix_with_masks_as_the_local_folde
 
     root, prefix, _ = data
     monkeypatch.setattr(fs, "_options", {})  # only what the DataModule is given
+    # with a worker: forked (its GETs through obstore, remote.fastget); spawned workers reading objects: test_s3_sources
     common = {"batch_size": 4, "eval_transform": eval_transform(8), "build_workers": 0, "num_workers": workers,
-              **({"multiprocessing_context": "spawn", "persistent_workers": False} if workers else {})}
+              **({"multiprocessing_context": "fork", "persistent_workers": False} if workers else {})}
     batches = {}
     for backend in ("lmdb", "raw"):
         dm = LMDBDataModule(f"{prefix}/images", test_dir=f"{prefix}/images", backend=backend, storage_options=s3.options,
