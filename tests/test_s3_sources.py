@@ -71,6 +71,15 @@ def test_a_folder_under_a_prefix_scans_and_builds_as_the_local_folder(images: tu
     assert again.action == "up-to-date"
 
 
+def test_a_build_of_objects_defaults_to_two_readers_per_core(images: tuple[Path, str]) -> None:
+    from lightning_lmdb.build import readers
+
+    local, prefix = images
+    cores = readers.available_cores()
+    assert readers.default_readers(scan_source(prefix)) == readers.REMOTE_READERS_PER_CORE * cores == 2 * cores
+    assert readers.default_readers(scan_source(local)) == cores, "a local folder: one reader per core, as before"
+
+
 def test_nothing_changed_is_up_to_date_without_a_fetch_and_one_changed_object_is_stale(images: tuple[Path, str], tmp_path: Path,
                                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     _, prefix = images

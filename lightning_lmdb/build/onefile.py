@@ -146,7 +146,7 @@ class _Writer:
                  line: int | None = None):
         self.scan, self.target, self.on_error, self.shard, self.line = scan, target, options.on_error, shard, line
         self.options = options.content()  # what shapes the contents: compared on resume, stored in the metadata
-        self.workers = readers.available_cores() if options.workers is None else options.workers
+        self.workers = readers.default_readers(scan) if options.workers is None else options.workers
         self.commit_every, self.progress = options.commit_every, options.progress
         self.validate = options.validate  # how kept files are checked: not a content option (the records are the same)
         self.partial = fsops.partial_path(target)

@@ -57,6 +57,19 @@ def available_cores() -> int:
     return len(usable_cpus())
 
 
+#: Reader processes per core when the files are objects of object storage: a reader waits on the network part of the
+#: time (measured: 10,000 JPEGs through 20 ms per request, server on a core of its own, 4 readers on one core reached 0.60x
+#: the local build, 2 readers 0.48x; benchmarks/RESULTS.md, "Object storage").
+REMOTE_READERS_PER_CORE = 2
+
+
+def default_readers(scan: SourceScan) -> int:
+    """The readers of a build given no ``workers``: one per available core, :data:`REMOTE_READERS_PER_CORE` per core when
+    its files are objects (``s3://``)."""
+    remote = is_remote(str(scan.root)) or bool(scan.files) and is_remote(scan.files[0].path)
+    return available_cores() * (REMOTE_READERS_PER_CORE if remote else 1)
+
+
 #: One file to read: (index, path, storage or "check", max_pixels, resize, quality[, validate[, etag]]); for a dataset source, the
 #: sample's index as text in place of the path; for an image with a mask, then (mask path, ignore_index, num_classes or None).
 #: An object of object storage (its path a URL) carries the ETag its listing gave (fetched only while it still has it); a pair with
