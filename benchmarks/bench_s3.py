@@ -2,7 +2,8 @@
 
 Usage:
     python benchmarks/bench_s3.py [--parts stage,build,epoch,server] [--count 10000] [--db-mb 200] [--latency-ms 20]
-                                  [--concurrency 1,4,16,32] [--workers 2] [--work DIR]
+                                  [--concurrency 1,8,32,64] [--readers N] [--workers 2] [--images photos|small]
+                                  [--fast-server] [--pin] [--work DIR]
 
 The S3 server is moto's (``moto.server.ThreadedMotoServer``) in its own process on 127.0.0.1, port 0; in front of it, a TCP
 proxy in another process of its own (:func:`proxy_main`, asyncio) adds ``--latency-ms`` to every HTTP request: on each
@@ -10,7 +11,7 @@ connection, the first bytes the client sends after it last received bytes from t
 ``--latency-ms`` before they are forwarded; the rest of a request (an upload's body) and every response flow without delay, and
 an interim ``100 Continue`` does not count as a response. So each request pays one round trip, as a request to a remote
 region would; bandwidth is loopback's. Objects are put in place directly (not through the proxy); every measured request goes
-through it. Everything runs on this machine: the server's CPU competes with the client's (``--workers`` readers included).
+through it. Everything runs on this machine: the server's CPU competes with the client's (the build's readers included).
 
 Parts (each prints a markdown table):
 
@@ -18,10 +19,12 @@ Parts (each prints a markdown table):
   ``lightning_lmdb.tools.publish.push``, then downloaded with ``lightning_lmdb.tools.staging.stage_remote``, MB/s; against
   copying the same file on local disk, its pages evicted first (cold) and cached (warm).
 - ``build``: ``--count`` JPEGs (``--images``: ImageNet-like, 256-500 px, or small, 32-64 px) built with ``build_lmdb`` and
-  ``--workers`` readers from the local folder, then from an ``s3://`` prefix holding the same files at each ``--concurrency``
-  (``remote.objects.FETCH_CONCURRENCY``: objects fetched at once), images/s; with the CPU per image of the build and of
-  the server + proxy apart, and the rate the build's own CPU allows on this machine's cores (what it could reach with the
-  server elsewhere, as S3 is).
+  ``--readers`` (default: the library's) from the local folder, then from an ``s3://`` prefix holding the same files at
+  each ``--concurrency`` (``remote.objects.FETCH_CONCURRENCY``: objects fetched at once), images/s; with the CPU per image
+  of the build and of the server + proxy apart, and the rate the build's own CPU allows on this machine's cores (what it
+  could reach with the server elsewhere, as S3 is). ``--pin`` puts the server side on the last core and the builds on the
+  others; ``--fast-server`` puts a caching GET front before moto (each object answered from memory once read, read once
+  before the timed builds), a server that costs this machine little per GET, as S3 costs it nothing.
 - ``epoch``: one training epoch (``--workers`` loader workers, 32 px crops) of ``backend="raw"`` reading the objects (one
   GET per sample) vs the database published on S3 and staged to local disk by ``prepare_data`` (its staging timed apart),
   images/s.
@@ -388,7 +391,7 @@ def _cpu_now(pids: list[int]) -> tuple[float, float]:
     return mine, sum(_process_cpu(pid) for pid in pids)
 
 
-def part_build(endpoints: Endpoints, work: Path, count: int, workers: int, concurrencies: list[int],
+def part_build(endpoints: Endpoints, work: Path, count: int, workers: int | None, concurrencies: list[int],
                images: str = "photos") -> tuple[str, str | None]:
     """The build table, and the S3 prefix of the images (for ``epoch``; ``work/built.lmdb`` is their database).
 
@@ -442,7 +445,11 @@ def part_build(endpoints: Endpoints, work: Path, count: int, workers: int, concu
                      f"{bound:,.0f}", f"{bound / local_bound:.2f}"])
     set_fetch_concurrency(default)
     server = ", GETs answered by the caching front" if endpoints.front_pid else ""
-    title = f"Building {count:,} {what}, {workers} readers, {endpoints.latency_ms:g} ms per request, {cores} cores{server}"
+    from lightning_lmdb.build import readers
+
+    how = (f"{workers} readers" if workers is not None else
+           f"default readers ({cores} locally, {cores * readers.REMOTE_READERS_PER_CORE} from S3)")
+    title = f"Building {count:,} {what}, {how}, {endpoints.latency_ms:g} ms per request, {cores} cores{server}"
     header = ["source", "FETCH_CONCURRENCY", "s", "images/s", "x local", "build ms CPU/image", "server + proxy ms CPU/image",
               "client-bound images/s (cores / build CPU)", "client-bound x local"]
     return table(title, header, rows), prefix
@@ -546,7 +553,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--db-mb", type=int, default=200, help="size of the staged database")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added to every HTTP request by the proxy")
     parser.add_argument("--concurrency", default="1,8,32,64", help="FETCH_CONCURRENCY values of the S3 builds")
-    parser.add_argument("--workers", type=int, default=2, help="build readers and loader workers")
+    parser.add_argument("--workers", type=int, default=2, help="loader workers of the epoch part")
+    parser.add_argument("--readers", type=int, default=None,
+                        help="build readers (default: the library's: one per core locally, two per core from S3)")
     parser.add_argument("--fast-server", action="store_true",
                         help="put a caching GET front before moto (objects answered from memory once read): the build's "
                              "objects are read once before it is timed, so its GETs cost the server side little, as S3's")
@@ -580,7 +589,7 @@ def main(argv: list[str] | None = None) -> None:
         if "stage" in parts:
             print(part_stage(endpoints, work, args.db_mb, args.rounds) + "\n", flush=True)
         if "build" in parts or "epoch" in parts:
-            built, prefix = part_build(endpoints, work, args.count, args.workers, concurrencies if "build" in parts else [64],
+            built, prefix = part_build(endpoints, work, args.count, args.readers, concurrencies if "build" in parts else [64],
                                        args.images)
             if "build" in parts:
                 print(built + "\n", flush=True)
