@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="1,8,32,64", help="FETCH_CONCURRENCY values of the S3 builds")
     parser.add_argument("--workers", type=int, default=2, help="loader workers of the epoch part")
     parser.add_argument("--readers", type=int, default=None,
-                        help="build readers (default: the library's: one per core locally, two per core from S3)")
+                        help="build readers (default: the library's: one per core locally, four per core from S3)")
     parser.add_argument("--fast-server", action="store_true",
                         help="put a caching GET front before moto (objects answered from memory once read): the build's "
                              "objects are read once before it is timed, so its GETs cost the server side little, as S3's")

@@ -56,7 +56,7 @@ class BuildOptions:
             every other image is stored as zstd-compressed RGB pixels (about the files' size, PIL's exact pixels,
             read back many times faster than PNG); ``"encoded"`` keeps every file's original bytes;
             ``"decoded"`` stores raw RGB pixels (no decode at read time, 4-8x larger). See :mod:`lightning_lmdb.codec.storage`.
-        workers: Reader/decoder processes; ``None`` for one per available core (two per core for a source on object
+        workers: Reader/decoder processes; ``None`` for one per available core (four per core for a source on object
             storage, whose readers wait on the network part of the time), ``0`` to read in-process.
         on_error: ``"raise"`` stops at the first bad file naming it; ``"skip"`` leaves bad files out and
             records them with the reason.

@@ -71,12 +71,12 @@ def test_a_folder_under_a_prefix_scans_and_builds_as_the_local_folder(images: tu
     assert again.action == "up-to-date"
 
 
-def test_a_build_of_objects_defaults_to_two_readers_per_core(images: tuple[Path, str]) -> None:
+def test_a_build_of_objects_defaults_to_more_readers_than_cores(images: tuple[Path, str]) -> None:
     from lightning_lmdb.build import readers
 
     local, prefix = images
     cores = readers.available_cores()
-    assert readers.default_readers(scan_source(prefix)) == readers.REMOTE_READERS_PER_CORE * cores == 2 * cores
+    assert readers.default_readers(scan_source(prefix)) == readers.REMOTE_READERS_PER_CORE * cores == 4 * cores
     assert readers.default_readers(scan_source(local)) == cores, "a local folder: one reader per core, as before"
 
 

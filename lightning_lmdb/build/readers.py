@@ -58,9 +58,10 @@ def available_cores() -> int:
 
 
 #: Reader processes per core when the files are objects of object storage: a reader waits on the network part of the
-#: time (measured: 10,000 JPEGs through 20 ms per request, server on a core of its own, 4 readers on one core reached 0.60x
-#: the local build, 2 readers 0.48x; benchmarks/RESULTS.md, "Object storage").
-REMOTE_READERS_PER_CORE = 2
+#: time. Measured (10,000 JPEGs, 20 ms per request, benchmarks/RESULTS.md "Object storage"): with the server side on a
+#: core of its own, 4 readers on the other reached 0.60x the local build, 2 readers 0.43x; on 2 shared cores, 8 readers
+#: 0.51x, 4 readers 0.45x.
+REMOTE_READERS_PER_CORE = 4
 
 
 def default_readers(scan: SourceScan) -> int:
