@@ -356,7 +356,7 @@ def push(path: str | os.PathLike[str], url: str, *, progress: bool = True, block
     try:
         objects.write(marker_url(url), marker.to_json(), if_absent=True)
     except RemoteExistsError:
-        winner = _existing_marker(url)
+        winner = _winning_marker(url)
         if winner is not None and winner.build_id == build_id:  # the same build, published by another process first
             return PushReport(shown, "up-to-date", build_id, meter.done, len(parts), time.perf_counter() - started)
         objects.delete(marker.part_url(part) for part in parts)
@@ -364,6 +364,19 @@ def push(path: str | os.PathLike[str], url: str, *, progress: bool = True, block
     shutil.rmtree(state / "uploads", ignore_errors=True)
     action = "resumed" if resumed[0] else "pushed"
     return PushReport(shown, action, build_id, meter.done, len(parts), time.perf_counter() - started)
+
+
+def _winning_marker(url: str) -> Marker | None:
+    """The marker another publisher wrote just before ours was refused, or ``None`` when it cannot be read. S3 shows it at
+    once; a server whose conditional put checks, then stores, in two steps (moto) may show it a moment later: up to 5
+    tries, 0.1-0.8 s apart."""
+    for attempt in range(5):
+        try:
+            return read_marker(url)
+        except RemoteIncompleteError:
+            if attempt < 4:
+                time.sleep(0.1 * 2 ** attempt)
+    return None
 
 
 def _existing_marker(url: str) -> Marker | None:
