@@ -17,7 +17,7 @@ from test_masks_build import _manifest, _pairs, _records
 from test_s3_sources import same_records, upload
 
 from lightning_lmdb.build.writer import build
-from lightning_lmdb.errors import BuildError, RemoteChangedError, SourceError, StaleDatabaseError
+from lightning_lmdb.errors import BuildError, OptionError, RemoteChangedError, SourceError, StaleDatabaseError
 from lightning_lmdb.remote import fs, objects, urls
 from lightning_lmdb.sources.base import PrefixFingerprint, SourceOptions, scan_source
 from lightning_lmdb.store import database
@@ -184,6 +184,9 @@ def test_a_masks_dir_on_the_other_side_or_inside_the_images_is_refused(data: tup
         scan_source(f"{prefix}", SourceOptions(masks_dir=f"{prefix}/masks"))
     with pytest.raises(SourceError, match="holds no objects"):
         scan_source(f"{prefix}/images", SourceOptions(masks_dir=f"{prefix}/nothing"))
+    with pytest.raises(OptionError, match=r"masks_dir s3://\*\*\*@.* carries credentials") as info:  # it would be stored
+        scan_source(f"{prefix}/images", SourceOptions(masks_dir=f"s3://AKIAKEY:s3cr3t@{prefix[5:]}/masks"))
+    assert "s3cr3t" not in str(info.value)
     objects.delete([f"{prefix}/masks/{pairs[0][1]}"])
     with pytest.raises(SourceError, match=rf"1 image\(s\) in .* without a mask .*{pairs[0][0]}"):
         scan_source(f"{prefix}/images", SourceOptions(masks_dir=f"{prefix}/masks"))

@@ -435,8 +435,9 @@ def scan_prefix_pairs(url: str, options: SourceOptions) -> masks.MaskScan:
         RemoteNotFoundError: No such bucket.
         SourceError: Nothing under the masks prefix, or one of the two prefixes holds the other; no images; images or masks
             without their pair, or several objects of one prefix with one name but for the extension (the first few named).
-        OptionError: As :func:`lightning_lmdb.sources.masks.mask_scan`.
+        OptionError: As :func:`lightning_lmdb.sources.masks.mask_scan`; ``masks_dir`` carries credentials (``s3://KEY:SECRET@...``).
     """
+    urls.refuse_user_info(str(options.masks_dir), "masks_dir")  # it is stored with the database: never with credentials
     root, masks_root = objectstore.root_of(url), objectstore.root_of(str(options.masks_dir))
     shown, masks_shown = redact(root), redact(masks_root)
     if masks_root == root or masks_root.startswith(root + "/") or root.startswith(masks_root + "/"):
