@@ -16,7 +16,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -189,23 +189,18 @@ class _WrongRegion(RemoteError):
 async def _get_fast(store: Any, url: str, etag: str | None, start: int | None, end: int | None) -> bytes:
     """One object's GET through ``obstore``, with the retries and errors of :func:`_get_s3`."""
     key = urls.bucket_key(url)[1]
-    last: BaseException | None = None
-    for attempt in range(max(1, fs.RETRIES)):
-        try:
-            return await fastget.get(store, key, etag, start, end)
-        except Exception as exc:  # noqa: BLE001 -- classified: obstore's errors, and its Rust panics' and timeouts'
-            kind = fastget.classify(exc)
-            if kind == "region":
-                raise _WrongRegion(str(exc)) from exc
-            if kind == "changed":
-                raise _changed(url, etag) from None
-            if kind in ("missing", "denied"):  # not chained: obstore's error prints the request's URL, query string included
-                seen = FileNotFoundError(str(exc)) if kind == "missing" else PermissionError(str(exc))
-                raise _translated(seen, url, "read", etag) from None
-            last = exc
-        if attempt + 1 < fs.RETRIES:
-            await asyncio.sleep(min(0.5 * 2 ** attempt, 8.0))
-    raise _failed(url, last) from None
+
+    def fatal(exc: Exception) -> None:
+        kind = fastget.classify(exc)
+        if kind == "region":
+            raise _WrongRegion(str(exc)) from exc
+        if kind == "changed":
+            raise _changed(url, etag) from None
+        if kind in ("missing", "denied"):  # not chained: obstore's error prints the request's URL, query string included
+            seen = FileNotFoundError(str(exc)) if kind == "missing" else PermissionError(str(exc))
+            raise _translated(seen, url, "read", etag) from None
+
+    return await _retried(url, lambda: fastget.get(store, key, etag, start, end), fatal, chain=False)
 
 
 async def _get_s3(filesystem: Any, url: str, etag: str | None, start: int | None, end: int | None) -> bytes:
@@ -218,24 +213,37 @@ async def _get_s3(filesystem: Any, url: str, etag: str | None, start: int | None
         if end is not None and end <= first:
             return b""
         kwargs["Range"] = f"bytes={first}-" if end is None else f"bytes={first}-{end - 1}"
-    last: BaseException | None = None
+
+    async def once() -> bytes:
+        response = await filesystem._call_s3("get_object", **kwargs)
+        body = response["Body"]
+        try:
+            return await body.read()
+        finally:
+            body.close()
+
+    def fatal(exc: Exception) -> None:  # OSErrors, and aiohttp's payload and timeout errors, which are not, are retried
+        if isinstance(exc, (FileNotFoundError, PermissionError)) or _precondition_failed(exc) \
+                or "NoCredentialsError" in type(exc).__name__:  # no retry helps these
+            raise _translated(exc, url, "read", etag) from exc
+
+    return await _retried(url, once, fatal, chain=True)
+
+
+async def _retried(url: str, once: Callable[[], Awaitable[bytes]], fatal: Callable[[Exception], None], *, chain: bool) -> bytes:
+    """``await once()``, tried up to :data:`lightning_lmdb.remote.fs.RETRIES` times, sleeping ``min(0.5 x 2^i, 8)`` s between
+    tries; ``fatal(exc)`` raises the error of a failure no retry helps (else it is retried). The last failure is chained to
+    the final error only with ``chain`` (``obstore``'s errors print the request's URL, query string included)."""
+    last: Exception | None = None
     for attempt in range(max(1, fs.RETRIES)):
         try:
-            response = await filesystem._call_s3("get_object", **kwargs)
-            body = response["Body"]
-            try:
-                return await body.read()
-            finally:
-                body.close()
-        except (FileNotFoundError, PermissionError) as exc:
-            raise _translated(exc, url, "read", etag) from exc
-        except Exception as exc:  # noqa: BLE001 -- OSErrors, and aiohttp's payload and timeout errors, which are not
-            if _precondition_failed(exc) or "NoCredentialsError" in type(exc).__name__:  # no retry helps either
-                raise _translated(exc, url, "read", etag) from exc
+            return await once()
+        except Exception as exc:  # noqa: BLE001 -- classified by fatal; the rest is retried
+            fatal(exc)
             last = exc
         if attempt + 1 < fs.RETRIES:
             await asyncio.sleep(min(0.5 * 2 ** attempt, 8.0))
-    raise _failed(url, last) from last
+    raise _failed(url, last) from (last if chain else None)
 
 
 def _failed(url: str, last: BaseException | None) -> RemoteError:
